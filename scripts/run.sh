@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: set everything up, then run the server or the tests.
+#
+#   scripts/run.sh serve [llama-vq-server flags...]   # default: the embedded SmolLM2 model
+#   scripts/run.sh test  [pytest args...]
+#   scripts/run.sh setup                              # only the set-up
+#
+# Set-up is idempotent and incremental: system packages when missing (apt, as root or via sudo), a
+# virtual environment in .venv, llama-cpp-python without its own native build, llama-vq built from
+# the pinned llama.cpp + patches/ (ccache and an in-tree build dir make rebuilds cheap), and the
+# default model (fetched with pip --no-deps, sha256-checked, cached).
+# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, PYTHON.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+venv="$here/.venv"
+py_sys=${PYTHON:-python3}
+
+log() { printf 'llama-vq: %s\n' "$*" >&2; }
+
+need_apt=()
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v git >/dev/null 2>&1 || need_apt+=(git)
+command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
+command -v ccache >/dev/null 2>&1 || need_apt+=(ccache)
+"$py_sys" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+
+install_system_packages() {
+    [ ${#need_apt[@]} -eq 0 ] && return 0
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+            log "missing system packages: ${need_apt[*]} (install them, or run as root)"; return 1
+        fi
+    fi
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "missing system packages: ${need_apt[*]} and no apt-get here: install them with your package manager"
+        return 1
+    fi
+    log "installing system packages: ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null 2>&1 || {
+        $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+    }
+}
+
+setup() {
+    install_system_packages
+    if [ ! -x "$venv/bin/python" ]; then
+        log "creating $venv"
+        "$py_sys" -m venv "$venv"
+    fi
+    local py="$venv/bin/python"
+    "$py" -m pip install -q --upgrade pip 'scikit-build-core>=0.10' >/dev/null
+
+    # The pinned llama.cpp source (also the sdist of llama-cpp-python, reused below).
+    "$py" tools/vendor.py fetch
+    local sdist
+    sdist=$("$py" tools/vendor.py sdist)
+
+    # llama-cpp-python: Python bindings only; its own native build is off (llama.cpp compiles once).
+    if ! "$py" -c 'import importlib.metadata as m; assert m.version("llama_cpp_python") == "0.3.36"' 2>/dev/null; then
+        log "installing llama-cpp-python 0.3.36 (bindings only, no native build)"
+        CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$py" -m pip install -q --no-deps "$sdist"
+        "$py" -m pip install -q 'typing-extensions>=4.5.0' 'numpy>=1.20.0' 'diskcache>=5.6.1' 'jinja2>=2.11.3'
+    fi
+
+    log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}; incremental in build/)"
+    local t0=$SECONDS
+    "$py" -m pip install -q --no-build-isolation '.[test]' 2>&1 | grep -v '^\s*$' >&2 || {
+        log "build failed: see the output above"; return 1; }
+    log "llama-vq installed in $((SECONDS - t0)) s"
+
+    "$py" -m llama_vq.models fetch >/dev/null
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+    setup) setup ;;
+    serve) setup; exec "$venv/bin/llama-vq-server" "$@" ;;
+    test)  setup; cd "$here" && exec "$venv/bin/python" -m pytest "$@" ;;
+    *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
+esac

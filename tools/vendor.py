@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Fill vendor/llama.cpp with the pristine llama.cpp pinned in pyproject.toml.
+
+The source is the `vendor/llama.cpp` subtree of the llama-cpp-python sdist named by the pin,
+obtained with pip (so it honours the user's index configuration) and checked against the pinned
+sha256 before anything is extracted.
+
+    python tools/vendor.py fetch      # no-op when the pinned tree is already there
+    python tools/vendor.py status     # print what is there
+
+Exit status 0 on success; 1 with a message that says what to do otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _pin import STAMP_NAME, VENDOR, Pin, read_pin  # noqa: E402
+
+
+class VendorError(RuntimeError):
+    pass
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("LLAMA_VQ_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-vq"
+    )
+    return Path(base) / "sdist"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_current(pin: Pin, vendor: Path = VENDOR) -> bool:
+    stamp = vendor / STAMP_NAME
+    return stamp.exists() and stamp.read_text() == pin.stamp and (vendor / "CMakeLists.txt").exists()
+
+
+def sdist_path(pin: Pin) -> Path:
+    """Return the pinned sdist, downloading it with pip into the cache when missing."""
+    cache = _cache_dir()
+    name = f"llama_cpp_python-{pin.llama_cpp_python}.tar.gz"
+    path = cache / name
+    if path.exists() and _sha256(path) == pin.sdist_sha256:
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        req = Path(tmp) / "requirements.txt"
+        # --require-hashes makes pip itself refuse anything but the pinned file.
+        req.write_text(f"llama-cpp-python=={pin.llama_cpp_python} --hash=sha256:{pin.sdist_sha256}\n")
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            "--require-hashes", "-r", str(req), "-d", tmp,
+        ]
+        print(f"llama-vq: fetching llama-cpp-python=={pin.llama_cpp_python} sdist with pip", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = Path(tmp) / name
+        if proc.returncode != 0 or not got.exists():
+            raise VendorError(
+                f"could not download llama-cpp-python=={pin.llama_cpp_python} with pip "
+                f"(exit {proc.returncode}):\n{proc.stderr.strip()[-2000:]}\n"
+                "Fix: check network access to your package index, or place the file "
+                f"{name} (sha256 {pin.sdist_sha256}) in {cache} and run again."
+            )
+        digest = _sha256(got)
+        if digest != pin.sdist_sha256:
+            raise VendorError(
+                f"{name} has sha256 {digest}, but the pin in pyproject.toml says "
+                f"{pin.sdist_sha256}. Refusing to use it. Fix: make sure your index serves the "
+                "genuine release, or update the pin deliberately (README: 'Bumping the pin')."
+            )
+        shutil.move(str(got), path)
+    return path
+
+
+def extract(pin: Pin, sdist: Path, vendor: Path = VENDOR) -> None:
+    digest = _sha256(sdist)
+    if digest != pin.sdist_sha256:
+        raise VendorError(
+            f"{sdist} has sha256 {digest}, expected {pin.sdist_sha256}. Delete it and run again."
+        )
+    prefix = f"llama_cpp_python-{pin.llama_cpp_python}/vendor/llama.cpp/"
+    staging = vendor.parent / (vendor.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    n = 0
+    with tarfile.open(sdist, "r:gz") as tar:
+        members = []
+        for m in tar.getmembers():
+            if not m.name.startswith(prefix) or m.name == prefix.rstrip("/"):
+                continue
+            rel = m.name[len(prefix):]
+            if rel == ".git" or rel.startswith(".git/"):
+                continue  # a gitlink into the sdist's own .git; meaningless here
+            m.name = rel
+            members.append(m)
+        if not members:
+            raise VendorError(f"{sdist} holds no {prefix}: not the expected llama-cpp-python sdist")
+        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(staging, members=members, **kwargs)
+        n = len(members)
+    (staging / STAMP_NAME).write_text(pin.stamp)
+    shutil.rmtree(vendor, ignore_errors=True)
+    staging.rename(vendor)
+    print(f"llama-vq: vendor/llama.cpp filled ({n} entries, llama.cpp {pin.llama_cpp_commit[:10]})")
+
+
+def fetch(vendor: Path = VENDOR) -> Path:
+    pin = read_pin()
+    if is_current(pin, vendor):
+        return vendor
+    if (vendor / "CMakeLists.txt").exists() and not (vendor / STAMP_NAME).exists():
+        raise VendorError(
+            f"{vendor} exists but carries no pin stamp ({STAMP_NAME}); it may be hand-edited. "
+            "Fix: delete it and run `python tools/vendor.py fetch` to get the pristine pinned tree."
+        )
+    extract(pin, sdist_path(pin), vendor)
+    return vendor
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["fetch", "status", "sdist"])
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "fetch":
+            fetch()
+        elif args.command == "sdist":
+            print(sdist_path(read_pin()))
+        else:
+            pin = read_pin()
+            print(f"pin: llama-cpp-python=={pin.llama_cpp_python} llama.cpp {pin.llama_cpp_commit}")
+            print(f"vendor/llama.cpp: {'current' if is_current(pin) else 'missing or stale'}")
+    except VendorError as e:
+        print(f"llama-vq: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
