@@ -68,10 +68,11 @@ setup() {
         "$py" -m pip install -q 'typing-extensions>=4.5.0' 'numpy>=1.20.0' 'diskcache>=5.6.1' 'jinja2>=2.11.3'
     fi
 
-    log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}; incremental in build/)"
+    log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}, tools: ${LLAMA_VQ_BUILD_TOOLS:-OFF}; incremental in build/)"
     local t0=$SECONDS
-    "$py" -m pip install -q --no-build-isolation '.[test]' 2>&1 | grep -v '^\s*$' >&2 || {
-        log "build failed: see the output above"; return 1; }
+    if ! "$py" -m pip install -q --no-build-isolation '.[test]'; then
+        log "build failed: see the output above"; return 1
+    fi
     log "llama-vq installed in $((SECONDS - t0)) s"
 
     "$py" -m llama_vq.models fetch >/dev/null
@@ -82,6 +83,8 @@ cmd=${1:-}
 case "$cmd" in
     setup) setup ;;
     serve) setup; exec "$venv/bin/llama-vq-server" "$@" ;;
-    test)  setup; cd "$here" && exec "$venv/bin/python" -m pytest "$@" ;;
+    # The tests also exercise llama.cpp's own tools (test-save-load-state, rpc-server, ...).
+    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}; setup
+           exec "$venv/bin/pytest" "$@" ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,51 @@
+"""llama-vq: llama-cpp-python whose llama.cpp runs a quantized V cache with flash attention off.
+
+    from llama_vq import Llama
+    llm = Llama("model.gguf", type_k="q4_0", type_v="q4_0", flash_attn=False)
+
+Importing llama_vq binds llama_cpp to llama_vq's own native library; import it before anything
+imports llama_cpp.
+"""
+
+from __future__ import annotations
+
+from ._binding import bind as _bind
+
+_bind()
+
+from . import _hooks, _logs  # noqa: E402  (after the binding: these import llama_cpp)
+from ._build import BuildInfo, build_info  # noqa: E402
+from .cache_types import CACHE_TYPES, CacheType, parse_cache_type, parse_flash_attn  # noqa: E402
+from .errors import (  # noqa: E402
+    BindingError,
+    CacheConfigError,
+    ContextCreationError,
+    DefaultModelError,
+    LlamaVQError,
+    ModelLoadError,
+)
+from .llama import KVCacheInfo, Llama  # noqa: E402
+from .models import default_model_path  # noqa: E402
+
+_hooks.install()
+_logs.install()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BindingError",
+    "BuildInfo",
+    "CACHE_TYPES",
+    "CacheConfigError",
+    "CacheType",
+    "ContextCreationError",
+    "DefaultModelError",
+    "KVCacheInfo",
+    "Llama",
+    "LlamaVQError",
+    "ModelLoadError",
+    "build_info",
+    "default_model_path",
+    "parse_cache_type",
+    "parse_flash_attn",
+]

@@ -1,0 +1,53 @@
+"""Point llama_cpp at llama_vq's own native library before llama_cpp loads one.
+
+llama_cpp loads ``libllama`` at import time from ``$LLAMA_CPP_LIB_PATH`` or from its own ``lib``
+folder. We set that variable to ``llama_vq/lib`` first; if llama_cpp was already imported with another
+library, there is no way to swap it inside this process, so we refuse with an ImportError that says
+what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from .errors import BindingError
+
+LIB_DIR = Path(__file__).resolve().parent / "lib"
+BIN_DIR = Path(__file__).resolve().parent / "bin"
+_LIB_NAME = "libllama.so" if sys.platform != "darwin" else "libllama.dylib"
+
+
+def _loaded_library_path() -> Path | None:
+    mod = sys.modules.get("llama_cpp.llama_cpp")
+    lib = getattr(mod, "_lib", None)
+    name = getattr(lib, "_name", None)
+    return Path(name).resolve() if name else None
+
+
+def bind() -> None:
+    """Make ``import llama_cpp`` use llama_vq/lib; raise BindingError if it is too late for that."""
+    ours = (LIB_DIR / _LIB_NAME).resolve()
+    if not ours.exists():
+        raise BindingError(
+            f"llama_vq's native library is missing ({ours}). The package was not built: reinstall with "
+            "`pip install --force-reinstall llama-vq` (or `scripts/run.sh setup` in a checkout)."
+        )
+    if "llama_cpp.llama_cpp" in sys.modules:
+        loaded = _loaded_library_path()
+        if loaded != ours:
+            raise BindingError(
+                f"llama_cpp was imported before llama_vq and is bound to {loaded or 'another library'}, "
+                f"not to llama_vq's {ours}. A process can load only one libllama. Fix: import llama_vq "
+                "before anything imports llama_cpp (or set LLAMA_CPP_LIB_PATH to "
+                f"{LIB_DIR} before starting Python)."
+            )
+        return
+    current = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if current and Path(current).resolve() != LIB_DIR.resolve():
+        raise BindingError(
+            f"LLAMA_CPP_LIB_PATH={current} points llama_cpp at another library; llama_vq needs its own "
+            f"({LIB_DIR}). Fix: unset LLAMA_CPP_LIB_PATH."
+        )
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(LIB_DIR)

@@ -1,0 +1,70 @@
+"""What native build this package carries: backend, GPU targets, llama.cpp commit, patches."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+_CONFIG = Path(__file__).resolve().parent / "_build_config.json"
+# The patch that teaches the non-FA attention path a quantized V (see patches/series).
+_V_PATCH_MARK = "quantized-v"
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """Returned by build_info(); also a Mapping-like via ``as_dict()`` and ``info["backend"]``."""
+
+    version: str
+    backend: str
+    gpu_targets: list[str]
+    cpu_features: list[str]
+    llama_cpp_commit: str
+    llama_cpp_build: str
+    llama_cpp_python: str
+    patches: list[str]
+    tools: list[str]
+    system_info: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nonfa_quantized_v(self) -> bool:
+        """Whether this build can run a quantized V cache with flash attention off."""
+        return any(_V_PATCH_MARK in p for p in self.patches)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nonfa_quantized_v"] = self.nonfa_quantized_v
+        return d
+
+    def __getitem__(self, key: str) -> Any:
+        return self.as_dict()[key]
+
+
+@functools.cache
+def _config() -> dict[str, Any]:
+    if not _CONFIG.exists():
+        raise RuntimeError(f"{_CONFIG} is missing: this llama_vq was not built by its CMake build")
+    return json.loads(_CONFIG.read_text())
+
+
+def build_info() -> BuildInfo:
+    """Backend, GPU targets, llama.cpp commit/build, applied patches and llama.cpp's system info."""
+    import llama_cpp  # bound to llama_vq/lib by the package import
+
+    cfg = _config()
+    sysinfo = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return BuildInfo(
+        version=cfg["version"],
+        backend=cfg["backend"],
+        gpu_targets=list(cfg.get("gpu_targets", [])),
+        cpu_features=list(cfg.get("cpu_features", [])),
+        llama_cpp_commit=cfg["llama_cpp_commit"],
+        llama_cpp_build=cfg.get("llama_cpp_build", "0"),
+        llama_cpp_python=cfg["llama_cpp_python"],
+        patches=list(cfg.get("patches", [])),
+        tools=list(cfg.get("tools", [])),
+        system_info=sysinfo.strip(),
+    )

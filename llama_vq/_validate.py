@@ -1,0 +1,41 @@
+"""Refuse KV cache / attention combinations that cannot work, before any native call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._gguf import GGUFError, head_sizes, read_metadata
+from .cache_types import FLASH_ATTN_OFF, CacheType
+from .errors import CacheConfigError
+
+
+def _fix_for(head: int) -> str:
+    return "use f16 or bf16 (every quantized cache type has 32-element blocks)" if head % 32 else "use f16"
+
+
+def check_cache_config(model_path: str | Path, type_k: CacheType, type_v: CacheType, flash_attn: int,
+                       *, nonfa_quantized_v: bool) -> None:
+    """Raise CacheConfigError naming the value, the constraint and the fix.
+
+    ``nonfa_quantized_v``: whether the loaded library can run a quantized V without flash attention.
+    """
+    if type_v.quantized and flash_attn == FLASH_ATTN_OFF and not nonfa_quantized_v:
+        raise CacheConfigError(
+            f"type_v={type_v.name!r} with flash_attn off needs llama-vq's V patch, which this build "
+            "does not carry (see llama_vq.build_info()['patches']). Fix: use flash_attn='on', or "
+            "type_v='f16', or install a llama-vq build with the V patch."
+        )
+    try:
+        meta = read_metadata(model_path)
+    except (OSError, GGUFError):
+        return  # llama.cpp reports unreadable models itself, with its own reason
+    k_heads, v_heads = head_sizes(meta)
+    for name, t, heads, what in (("type_k", type_k, k_heads, "K"), ("type_v", type_v, v_heads, "V")):
+        if not t.quantized:
+            continue
+        for h in sorted(heads):
+            if h % t.block_size:
+                raise CacheConfigError(
+                    f"{name}={t.name!r} needs head sizes divisible by its block size {t.block_size}; "
+                    f"this model's {what} head size is {h}: {_fix_for(h)}"
+                )

