@@ -19,10 +19,12 @@ from .cache_types import CACHE_TYPES, CacheType, parse_cache_type, parse_flash_a
 from .errors import (  # noqa: E402
     BindingError,
     CacheConfigError,
+    ConfigError,
     ContextCreationError,
     DefaultModelError,
     LlamaVQError,
     ModelLoadError,
+    TensorOverrideError,
 )
 from .llama import KVCacheInfo, Llama  # noqa: E402
 from .models import default_model_path  # noqa: E402
@@ -38,12 +40,14 @@ __all__ = [
     "CACHE_TYPES",
     "CacheConfigError",
     "CacheType",
+    "ConfigError",
     "ContextCreationError",
     "DefaultModelError",
     "KVCacheInfo",
     "Llama",
     "LlamaVQError",
     "ModelLoadError",
+    "TensorOverrideError",
     "build_info",
     "default_model_path",
     "parse_cache_type",

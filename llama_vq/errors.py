@@ -7,11 +7,19 @@ class LlamaVQError(Exception):
     """Base class of every error llama_vq raises on purpose."""
 
 
-class CacheConfigError(LlamaVQError, ValueError):
-    """A KV cache / attention configuration that cannot work, detected before any native call.
+class ConfigError(LlamaVQError, ValueError):
+    """A configuration that cannot work, detected before any native call.
 
     The message names the value, the constraint and the fix.
     """
+
+
+class CacheConfigError(ConfigError):
+    """A KV cache type / flash-attention combination that cannot work with this model or build."""
+
+
+class TensorOverrideError(ConfigError):
+    """A tensor override that is not PATTERN=BUFFER with a valid regex and a known buffer type."""
 
 
 class ContextCreationError(LlamaVQError, RuntimeError):

@@ -22,7 +22,7 @@ from .cache_types import (
     parse_cache_type,
     parse_flash_attn,
 )
-from .errors import CacheConfigError, ContextCreationError, ModelLoadError
+from .errors import ContextCreationError, ModelLoadError, TensorOverrideError
 
 _RPC_ADDED: set[str] = set()
 
@@ -50,7 +50,7 @@ def _parse_overrides(overrides: Iterable[tuple[str, str] | str] | None) -> list[
             for part in item.split(","):
                 pattern, sep, buft = part.partition("=")
                 if not sep or not pattern or not buft:
-                    raise CacheConfigError(
+                    raise TensorOverrideError(
                         f"tensor override {part!r} is not PATTERN=BUFFER (for example 'exps=CPU')"
                     )
                 out.append((pattern, buft))
@@ -61,7 +61,7 @@ def _parse_overrides(overrides: Iterable[tuple[str, str] | str] | None) -> list[
         try:
             re.compile(pattern)
         except re.error as e:
-            raise CacheConfigError(f"tensor override pattern {pattern!r} is not a valid regex: {e}") from e
+            raise TensorOverrideError(f"tensor override pattern {pattern!r} is not a valid regex: {e}") from e
     return out
 
 
@@ -115,7 +115,7 @@ class Llama(llama_cpp.Llama):
             arr = (_native.TensorBuftOverride * (len(overrides) + 1))()
             for i, (pattern, name) in enumerate(overrides):
                 if name not in bufts:
-                    raise CacheConfigError(
+                    raise TensorOverrideError(
                         f"tensor override buffer {name!r} is not a device buffer type here; "
                         f"available: {', '.join(sorted(bufts))}"
                     )

@@ -54,26 +54,13 @@ setup() {
         "$py_sys" -m venv "$venv"
     fi
     local py="$venv/bin/python"
-    "$py" -m pip install -q --upgrade pip 'scikit-build-core>=0.10' >/dev/null
-
-    # The pinned llama.cpp source (also the sdist of llama-cpp-python, reused below).
-    "$py" tools/vendor.py fetch
-    local sdist
-    sdist=$("$py" tools/vendor.py sdist)
-
-    # llama-cpp-python: Python bindings only; its own native build is off (llama.cpp compiles once).
-    if ! "$py" -c 'import importlib.metadata as m; assert m.version("llama_cpp_python") == "0.3.36"' 2>/dev/null; then
-        log "installing llama-cpp-python 0.3.36 (bindings only, no native build)"
-        CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "$py" -m pip install -q --no-deps "$sdist"
-        "$py" -m pip install -q 'typing-extensions>=4.5.0' 'numpy>=1.20.0' 'diskcache>=5.6.1' 'jinja2>=2.11.3'
-    fi
-
+    "$py" -m pip install -q --upgrade pip >/dev/null
     log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}, tools: ${LLAMA_VQ_BUILD_TOOLS:-OFF}; incremental in build/)"
     local t0=$SECONDS
-    if ! "$py" -m pip install -q --no-build-isolation '.[test]'; then
+    if ! PYTHON="$py" bash scripts/build.sh install test; then
         log "build failed: see the output above"; return 1
     fi
-    log "llama-vq installed in $((SECONDS - t0)) s"
+    log "llama-vq ready in $((SECONDS - t0)) s"
 
     "$py" -m llama_vq.models fetch >/dev/null
 }

@@ -175,3 +175,25 @@ def test_llama_vq_llama_is_a_llama_cpp_llama(llama_vq, smollm2_path):
     assert chat["choices"][0]["message"]["role"] == "assistant"
     assert chat["usage"]["completion_tokens"] >= 1
     llm.close()
+
+
+def test_tensor_override_places_matching_tensors_in_the_named_buffer(llama_vq, smollm2_path, capfd):
+    import llama_cpp
+
+    llama_cpp._logger.logger.setLevel(10)
+    try:
+        llm = llama_vq.Llama(str(smollm2_path), n_ctx=256, verbose=True, n_threads=2,
+                             tensor_overrides=["token_embd=CPU"])
+    finally:
+        err = capfd.readouterr().err
+    assert re.search(r"token_embd\.weight.*buffer type overridden to CPU", err), err[-2000:]
+    assert llm.create_completion("Hello", max_tokens=2, temperature=0.0)["choices"][0]["text"] is not None
+    llm.close()
+
+
+@pytest.mark.parametrize("override,needle", [("exps", "PATTERN=BUFFER"), ("exps=NOPE0", "available: CPU"),
+                                             ("exps[=CPU", "not a valid regex")])
+def test_bad_tensor_override_is_refused_naming_the_problem(llama_vq, smollm2_path, override, needle):
+    with pytest.raises(llama_vq.TensorOverrideError) as e:
+        llama_vq.Llama(str(smollm2_path), n_ctx=256, verbose=False, tensor_overrides=[override])
+    assert needle in str(e.value)
