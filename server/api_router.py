@@ -1,0 +1,150 @@
+"""HTTP routes only: parse, hand over to serving / engine, answer. No model access here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from . import protocol
+from .metrics import CONTENT_TYPE
+from .serving import (
+    chat_chunk,
+    chat_result,
+    chat_usage_chunk,
+    completion_chunk,
+    completion_result,
+    completion_usage_chunk,
+)
+
+router = APIRouter()
+
+ROUTES = frozenset({"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics"})
+
+_ERR = {"model": protocol.ErrorResponse}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {
+        **_ERR,
+        "description": "Malformed JSON, wrong types, out-of-range or unsupported values, "
+        "prompt longer than the context",
+    },
+    404: {**_ERR, "description": "Unknown model"},
+    413: {**_ERR, "description": "Request body larger than --max-body-size"},
+    429: {**_ERR, "description": "Queue full (--max-queue); see Retry-After"},
+    503: {**_ERR, "description": "Model loading, failed to load, or server shutting down"},
+}
+_SSE = {
+    "text/event-stream": {
+        "schema": {"type": "string"},
+        "example": "data: {...}\n\ndata: [DONE]\n\n",
+    }
+}
+
+
+def _include_usage(body: protocol._Sampling) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+@router.get("/v1/models", response_model=protocol.ModelList, responses={503: _ERRORS[503]})
+async def list_models(request: Request) -> Response:
+    engine = request.app.state.engine
+    created = engine.info.created if engine.info else 0
+    cards = [protocol.ModelCard(id=n, created=created) for n in engine.names]
+    return JSONResponse(protocol.ModelList(data=cards).model_dump())
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=protocol.ChatCompletionResponse,
+    responses={
+        200: {
+            "content": _SSE,
+            "description": "A chat completion; with stream=true, "
+            "Server-Sent Events of chat.completion.chunk objects",
+        },
+        **_ERRORS,
+    },
+)
+async def chat_completions(request: Request, body: protocol.ChatCompletionRequest) -> Response:
+    serving = request.app.state.serving
+    work, model = serving.chat_work(body)
+    return await serving.run(
+        request,
+        work,
+        shape_result=chat_result(model),
+        shape_chunk=chat_chunk(model),
+        usage_chunk=chat_usage_chunk(model) if _include_usage(body) else None,
+    )
+
+
+@router.post(
+    "/v1/completions",
+    response_model=protocol.CompletionResponse,
+    responses={
+        200: {
+            "content": _SSE,
+            "description": "A text completion; with stream=true, "
+            "Server-Sent Events of text_completion objects",
+        },
+        **_ERRORS,
+    },
+)
+async def completions(request: Request, body: protocol.CompletionRequest) -> Response:
+    serving = request.app.state.serving
+    work, model = serving.completion_work(body)
+    return await serving.run(
+        request,
+        work,
+        shape_result=completion_result(model),
+        shape_chunk=completion_chunk(model),
+        usage_chunk=completion_usage_chunk(model) if _include_usage(body) else None,
+    )
+
+
+@router.get(
+    "/health",
+    response_model=protocol.Health,
+    responses={503: {"model": protocol.Health, "description": "Loading, failed or shutting down"}},
+)
+async def health(request: Request) -> Response:
+    engine = request.app.state.engine
+    info = engine.info
+    status = {"ready": "ok", "loading": "loading", "error": "error"}.get(
+        engine.status, "shutting_down"
+    )
+    body = protocol.Health(
+        status=status,
+        queue_depth=engine.queue_depth,
+        error=str(engine.load_error) if engine.load_error else None,
+    )
+    if info is not None:
+        body = body.model_copy(
+            update=dict(
+                model=info.names[0],
+                n_ctx=info.n_ctx,
+                cache_type_k=info.cache_type_k,
+                cache_type_v=info.cache_type_v,
+                flash_attn=info.flash_attn,
+                kv_cache_bytes=protocol.KVBytes(
+                    k=info.kv_k_bytes, v=info.kv_v_bytes, total=info.kv_k_bytes + info.kv_v_bytes
+                ),
+            )
+        )
+    return JSONResponse(
+        body.model_dump(exclude_none=True), status_code=200 if status == "ok" else 503
+    )
+
+
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "content": {CONTENT_TYPE.split(";")[0]: {"schema": {"type": "string"}}},
+            "description": "Prometheus text format",
+        }
+    },
+)
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,290 @@
+"""The FastAPI application: middlewares, OpenAI-shaped error handling, OpenAPI schema, lifespan."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import __version__
+from .api_router import ROUTES, router
+from .auth import ApiKeyMiddleware
+from .engine import Engine
+from .errors import ApiError
+from .metrics import Metrics
+from .serving import Serving
+from .settings import Settings
+
+log = logging.getLogger("llama_vq.server")
+
+
+def create_app(settings: Settings, engine: Engine, metrics: Metrics) -> FastAPI:
+    """The app for one engine. Its lifespan starts the engine (model load) and shuts it down."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if engine.status == "loading" and not engine._thread.is_alive():
+            engine.start()
+        yield
+        engine.shutdown()
+
+    app = FastAPI(
+        title="llama-vq-server",
+        version=__version__,
+        lifespan=lifespan,
+        description="OpenAI-compatible API of llama-vq (quantized V cache without flash "
+        "attention).",
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.metrics = metrics
+    app.state.serving = Serving(engine)
+    app.include_router(router)
+
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
+
+    # Outermost first: count every answer, then check the key, then the body size.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    if settings.api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+
+    app.openapi = lambda: _openapi(app, bool(settings.api_keys))  # type: ignore[method-assign]
+    return app
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+def _error(
+    status: int,
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}},
+        status_code=status,
+        headers=headers,
+    )
+
+
+async def _api_error(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, ApiError)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+_UNION_LABELS = {"str", "int", "float", "bool", "list", "dict", "none", "tagged-union", "literal"}
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    """('body', 'messages', 0, 'role') -> 'messages[0].role' (pydantic's union-branch labels dropped)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "body" and not out:
+            continue
+        elif isinstance(part, str) and (part in _UNION_LABELS or "[" in part):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+async def _validation_error(request: Request, e: Exception) -> JSONResponse:
+    """FastAPI's 422 becomes OpenAI's 400, naming the first offending parameter."""
+    assert isinstance(e, RequestValidationError)
+    errs = e.errors()
+    first = errs[0] if errs else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        return _error(
+            400,
+            f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}",
+            code="invalid_json",
+        )
+    param = _param(tuple(first.get("loc", ())))
+    if not param and first.get("type") in ("missing", "model_attributes_type", "dict_type"):
+        return _error(400, "the request body must be a JSON object", code="invalid_request")
+    more = f" (and {len(errs) - 1} more problems)" if len(errs) > 1 else ""
+    return _error(
+        400,
+        f"{param or 'body'}: {first.get('msg', 'invalid')}{more}",
+        param=param or None,
+        code="invalid_value",
+    )
+
+
+async def _http_error(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+    return _error(e.status_code, str(e.detail), code=code, headers=getattr(e, "headers", None))
+
+
+async def _unexpected(request: Request, e: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return _error(
+        500, f"internal error: {type(e).__name__}", type_="server_error", code="internal_error"
+    )
+
+
+# ---- middlewares --------------------------------------------------------------------------------
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    raw = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(raw)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": raw})
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over ``limit`` bytes: by Content-Length before reading, else while reading."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    def _too_large(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": f"request body larger than {self.limit} bytes (--max-body-size)",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "body_too_large",
+            }
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None:
+            if not length.strip().isdigit():
+                await _send_json(
+                    send,
+                    400,
+                    {
+                        "error": {
+                            "message": "invalid Content-Length",
+                            "type": "invalid_request_error",
+                            "param": None,
+                            "code": "invalid_request",
+                        }
+                    },
+                )
+                return
+            if int(length) > self.limit:
+                await _send_json(send, 413, self._too_large())
+                return
+            await self.app(scope, receive, send)
+            return
+        # No length (chunked): read up to the limit, then replay the body to the app.
+        body = bytearray()
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            if len(body) > self.limit:
+                await _send_json(send, 413, self._too_large())
+                return
+            if not msg.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class RequestMetricsMiddleware:
+    """Counts answers by route and status for /metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        status = 0
+
+        async def counting_send(msg: Message) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.requests.inc(1, route, str(status or 500))
+
+
+# ---- OpenAPI ------------------------------------------------------------------------------------
+
+
+def _openapi(app: FastAPI, with_key: bool) -> dict[str, Any]:
+    """FastAPI's schema without its 422 answers (we answer 400), plus bearer auth when keys are set."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    for methods in schema.get("paths", {}).values():
+        for op in methods.values():
+            op.get("responses", {}).pop("422", None)
+    comps = schema.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        comps.pop(name, None)
+    if with_key:
+        schema.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"}
+        }
+        for path, methods in schema.get("paths", {}).items():
+            for op in methods.values():
+                if path != "/health":
+                    op["security"] = [{"bearer": []}]
+                    op.setdefault("responses", {}).setdefault(
+                        "401",
+                        {
+                            "description": "Missing or wrong API key",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/ErrorResponse"}
+                                }
+                            },
+                        },
+                    )
+    app.openapi_schema = schema
+    return schema

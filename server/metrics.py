@@ -1,0 +1,220 @@
+"""Prometheus metrics in the text exposition format (0.0.4), without a client library.
+
+Counters, gauges and histograms with fixed label sets; thread-safe (the engine thread and the event
+loop both update them).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _fmt(v: float) -> str:
+    if v == math.inf:
+        return "+Inf"
+    if float(v).is_integer():
+        return str(int(v))
+    return repr(float(v))
+
+
+def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
+    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
+        self.name, self.help, self.label_names = name, help_text, tuple(labels)
+        self._lock = threading.Lock()
+
+    def header(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+
+
+class Counter(_Metric):
+    kind = "counter"
+
+    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
+        super().__init__(name, help_text, labels)
+        self._values: dict[tuple[str, ...], float] = {} if labels else {(): 0.0}
+
+    def inc(self, amount: float = 1.0, *labels: str) -> None:
+        with self._lock:
+            self._values[labels] = self._values.get(labels, 0.0) + amount
+
+    def value(self, *labels: str) -> float:
+        with self._lock:
+            return self._values.get(labels, 0.0)
+
+    def render(self) -> list[str]:
+        with self._lock:
+            items = sorted(self._values.items())
+        return self.header() + [
+            f"{self.name}{_labels(self.label_names, k)} {_fmt(v)}" for k, v in items
+        ]
+
+
+class Gauge(_Metric):
+    """A gauge whose value is read at scrape time from a callback, or set explicitly."""
+
+    kind = "gauge"
+
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        labels: Sequence[str] = (),
+        read: Callable[[], dict[tuple[str, ...], float]] | None = None,
+    ) -> None:
+        super().__init__(name, help_text, labels)
+        self._read = read
+        self._values: dict[tuple[str, ...], float] = {}
+
+    def set(self, value: float, *labels: str) -> None:
+        with self._lock:
+            self._values[labels] = value
+
+    def render(self) -> list[str]:
+        if self._read is not None:
+            items = sorted(self._read().items())
+        else:
+            with self._lock:
+                items = sorted(self._values.items())
+        return self.header() + [
+            f"{self.name}{_labels(self.label_names, k)} {_fmt(v)}" for k, v in items
+        ]
+
+
+class Histogram(_Metric):
+    kind = "histogram"
+
+    def __init__(self, name: str, help_text: str, buckets: Sequence[float]) -> None:
+        super().__init__(name, help_text)
+        self.buckets = tuple(sorted(buckets)) + (math.inf,)
+        self._counts = [0] * len(self.buckets)
+        self._sum = 0.0
+        self._n = 0
+
+    def observe(self, v: float) -> None:
+        with self._lock:
+            self._sum += v
+            self._n += 1
+            for i, b in enumerate(self.buckets):
+                if v <= b:
+                    self._counts[i] += 1
+                    break
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    def render(self) -> list[str]:
+        with self._lock:
+            counts, total, n = list(self._counts), self._sum, self._n
+        out = self.header()
+        acc = 0
+        for b, c in zip(self.buckets, counts, strict=True):
+            acc += c
+            out.append(f'{self.name}_bucket{{le="{_fmt(b)}"}} {acc}')
+        out += [f"{self.name}_sum {_fmt(total)}", f"{self.name}_count {n}"]
+        return out
+
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
+
+
+class Metrics:
+    """All of the server's metrics. Gauges that reflect engine state are wired by the engine."""
+
+    def __init__(self) -> None:
+        p = "llama_vq_"
+        self.requests = Counter(
+            p + "http_requests_total",
+            "HTTP requests answered, by route and status.",
+            ("route", "status"),
+        )
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens_total", "Prompt tokens of finished requests."
+        )
+        self.cached_prompt_tokens = Counter(
+            p + "prompt_tokens_cached_total",
+            "Prompt tokens not recomputed (KV cache or state file).",
+        )
+        self.generated_tokens = Counter(p + "generated_tokens_total", "Tokens generated.")
+        self.cancelled = Counter(
+            p + "requests_cancelled_total", "Requests stopped because the client went away."
+        )
+        self.rejected = Counter(
+            p + "requests_rejected_total", "Requests refused before running.", ("reason",)
+        )
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "From request arrival to the first generated token.",
+            _LATENCY_BUCKETS,
+        )
+        self.token_latency = Histogram(
+            p + "time_per_output_token_seconds",
+            "Time between consecutive generated tokens.",
+            _TOKEN_BUCKETS,
+        )
+        self.request_seconds = Histogram(
+            p + "request_duration_seconds",
+            "From arrival to the last token of a generation request.",
+            _LATENCY_BUCKETS,
+        )
+        self.state_restored_tokens = Counter(
+            p + "kv_state_restored_tokens_total",
+            "Tokens whose KV state was restored from --state-dir.",
+        )
+        self.state_saves = Counter(p + "kv_state_saves_total", "KV state files written.")
+        self.state_rejected = Counter(
+            p + "kv_state_rejected_total",
+            "KV state files skipped as corrupt, truncated or mismatched.",
+        )
+        self.state_evictions = Counter(
+            p + "kv_state_evictions_total", "KV state files deleted to stay within --state-budget."
+        )
+        self.gauges: list[Gauge] = []
+
+    def gauge(
+        self,
+        name: str,
+        help_text: str,
+        labels: Sequence[str],
+        read: Callable[[], dict[tuple[str, ...], float]],
+    ) -> None:
+        self.gauges.append(Gauge("llama_vq_" + name, help_text, labels, read))
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for m in (
+            self.requests,
+            self.prompt_tokens,
+            self.cached_prompt_tokens,
+            self.generated_tokens,
+            self.cancelled,
+            self.rejected,
+            self.ttft,
+            self.token_latency,
+            self.request_seconds,
+            self.state_restored_tokens,
+            self.state_saves,
+            self.state_rejected,
+            self.state_evictions,
+            *self.gauges,
+        ):
+            lines += m.render()
+        return "\n".join(lines) + "\n"

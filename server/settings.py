@@ -1,0 +1,574 @@
+"""Server configuration: one typed, frozen Settings object from CLI flags or LLAMA_VQ_* variables.
+
+Every option has a flag (llama-server's spelling where one exists) and an environment variable
+``LLAMA_VQ_<FLAG>`` (``--ctx-size`` -> ``LLAMA_VQ_CTX_SIZE``); a flag wins over the variable.
+``parse_settings`` validates everything once and raises SettingsError with a message naming the
+option, the value and what is accepted; the CLI turns that into exit status 2 before the model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+FLASH_ATTN_MODES = ("on", "off", "auto")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# The names llama.cpp's tools accept for --cache-type-k/-v (llama_vq.CACHE_TYPES is authoritative).
+_FALLBACK_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+class SettingsError(ValueError):
+    """A configuration value that cannot work; the message names the option, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the server needs, validated. Units: bytes for sizes, tokens for lengths."""
+
+    model: Path | None = None  # None: the embedded default model (resolved by resolve_model)
+    alias: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ctx_size: int = 4096
+    n_gpu_layers: int = 0
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] | None = None
+    main_gpu: int = 0
+    override_tensor: tuple[tuple[str, str], ...] = ()
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"
+    threads: int | None = None
+    batch_size: int = 512
+    ubatch_size: int = 512
+    rpc: tuple[str, ...] = ()
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    state_dir: Path | None = None
+    state_budget: int = 8 << 30
+    state_min_tokens: int = 128
+    max_queue: int = 16
+    max_body_bytes: int = 16 << 20
+    chat_format: str | None = None
+    log_level: str = "info"
+    verbose: bool = False
+
+    @property
+    def split_mode_value(self) -> int:
+        return SPLIT_MODES[self.split_mode]
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# ---- value parsers: each raises ValueError with a message meant for the user --------------------
+
+
+def _int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        try:
+            v = int(s.strip())
+        except ValueError:
+            raise ValueError("must be an integer") from None
+        if lo is not None and v < lo:
+            raise ValueError(f"must be >= {lo}")
+        if hi is not None and v > hi:
+            raise ValueError(f"must be <= {hi}")
+        return v
+
+    return parse
+
+
+def _choice(choices: Sequence[str]) -> Callable[[str], str]:
+    def parse(s: str) -> str:
+        v = s.strip().lower()
+        if v not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return v
+
+    return parse
+
+
+def parse_gpu_layers(s: str) -> int:
+    v = s.strip().lower()
+    if v in ("all", "auto", "-1"):
+        return -1
+    return _int_range(-1)(v)
+
+
+def parse_tensor_split(s: str) -> tuple[float, ...]:
+    parts = [p for p in re.split(r"[,/]", s) if p.strip()]
+    try:
+        vals = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError("must be comma-separated numbers, one per GPU (e.g. 3,1)") from None
+    if not vals or any(v < 0 or v != v for v in vals) or sum(vals) <= 0:
+        raise ValueError("needs one non-negative proportion per GPU with a positive sum (e.g. 3,1)")
+    if len(vals) > 128:
+        raise ValueError("lists more than 128 devices")
+    return vals
+
+
+def parse_overrides(s: str) -> tuple[tuple[str, str], ...]:
+    """llama-server's PATTERN=BUFFER, several separated by commas (e.g. 'exps=CPU')."""
+    out = []
+    for part in s.split(","):
+        pattern, sep, buft = part.strip().partition("=")
+        if not sep or not pattern or not buft:
+            raise ValueError(
+                f"{part!r} is not PATTERN=BUFFER (e.g. 'blk\\.[0-9]+\\.ffn_.*_exps=CPU')"
+            )
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(
+                f"pattern {pattern!r} is not a valid regular expression: {e}"
+            ) from None
+        out.append((pattern, buft.strip()))
+    return tuple(out)
+
+
+def parse_rpc(s: str) -> tuple[str, ...]:
+    out = []
+    for ep in (e.strip() for e in s.split(",")):
+        if not ep:
+            continue
+        host, sep, port = ep.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{ep!r} is not host:port (e.g. 192.168.1.20:50052)")
+        out.append(ep)
+    if not out:
+        raise ValueError("lists no host:port")
+    return tuple(out)
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(s: str) -> int:
+    """'8G', '512MiB', '1.5g', '1048576' -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", s.lower())
+    if not m:
+        raise ValueError("must be a size such as 512M, 8G or a number of bytes")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+def _cache_type(s: str) -> str:
+    v = s.strip().lower()
+    try:
+        from llama_vq import CACHE_TYPES  # noqa: PLC0415 (binds llama_cpp: fine, we need it anyway)
+
+        names = tuple(CACHE_TYPES)
+    except ImportError:
+        names = _FALLBACK_CACHE_TYPES
+    if v not in names:
+        raise ValueError(f"must be one of {', '.join(names)}")
+    return v
+
+
+def _nonempty(s: str) -> str:
+    if not s.strip():
+        raise ValueError("must not be empty")
+    return s.strip()
+
+
+def _aliases(s: str) -> tuple[str, ...]:
+    names = tuple(a.strip() for a in s.split(",") if a.strip())
+    if not names:
+        raise ValueError("must name at least one model name")
+    return names
+
+
+def _bool(s: str) -> bool:
+    v = s.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be 1/0, true/false, yes/no or on/off")
+
+
+@dataclass(frozen=True)
+class Option:
+    dest: str
+    flags: tuple[str, ...]
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str | None = None
+    repeat: bool = False  # repeatable flag; values are concatenated
+    switch: bool = False  # flag without a value (store_true)
+
+    @property
+    def env(self) -> str:
+        long = next(f for f in self.flags if f.startswith("--"))
+        return "LLAMA_VQ_" + long[2:].upper().replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "model",
+        ("-m", "--model"),
+        _nonempty,
+        "GGUF model file (first shard of a split model). Default: the embedded SmolLM2-135M "
+        "test model.",
+        "PATH",
+    ),
+    Option(
+        "alias",
+        ("-a", "--alias"),
+        _aliases,
+        "Model name(s) clients send in 'model', comma-separated. Default: the file name without "
+        ".gguf.",
+        "NAME",
+    ),
+    Option(
+        "host",
+        ("--host",),
+        _nonempty,
+        "Address to listen on. Default 127.0.0.1; a non-loopback address without --api-key logs "
+        "a warning.",
+        "ADDR",
+    ),
+    Option("port", ("--port",), _int_range(1, 65535), "TCP port. Default 8080.", "PORT"),
+    Option(
+        "ctx_size",
+        ("-c", "--ctx-size"),
+        _int_range(0),
+        "Context size in tokens shared by prompt and output; 0 = the model's training context. "
+        "Default 4096.",
+        "N",
+    ),
+    Option(
+        "n_gpu_layers",
+        ("-ngl", "--n-gpu-layers", "--gpu-layers"),
+        parse_gpu_layers,
+        "Layers to offload to the GPU(s); 'all' or -1 = all. Default 0 (CPU).",
+        "N",
+    ),
+    Option(
+        "split_mode",
+        ("-sm", "--split-mode"),
+        _choice(tuple(SPLIT_MODES)),
+        "How to spread the model over several GPUs: none, layer (default) or row.",
+        "MODE",
+    ),
+    Option(
+        "tensor_split",
+        ("-ts", "--tensor-split"),
+        parse_tensor_split,
+        "Share of the model per GPU, e.g. 1,1 or 3,2.",
+        "P0,P1,...",
+    ),
+    Option(
+        "main_gpu",
+        ("-mg", "--main-gpu"),
+        _int_range(0),
+        "GPU for the whole model with --split-mode none (intermediate results with row). Default 0.",
+        "I",
+    ),
+    Option(
+        "override_tensor",
+        ("-ot", "--override-tensor"),
+        parse_overrides,
+        "Keep tensors whose name matches the regex PATTERN in buffer type BUFFER (CPU, CUDA0, "
+        "ROCm1, ...); repeatable, or comma-separated. Example: 'blk\\.([0-9]|1[0-9])\\.ffn_.*_exps=CPU'.",
+        "PATTERN=BUFFER",
+        repeat=True,
+    ),
+    Option(
+        "cache_type_k",
+        ("-ctk", "--cache-type-k"),
+        _cache_type,
+        "KV cache type of K: f16 (default), q8_0, q4_0, ...",
+        "TYPE",
+    ),
+    Option(
+        "cache_type_v",
+        ("-ctv", "--cache-type-v"),
+        _cache_type,
+        "KV cache type of V: f16 (default), q8_0, q4_0, ... llama-vq runs a quantized V with "
+        "flash attention off.",
+        "TYPE",
+    ),
+    Option(
+        "flash_attn",
+        ("-fa", "--flash-attn"),
+        _choice(FLASH_ATTN_MODES),
+        "Flash attention: on, off or auto (default: llama.cpp decides per device).",
+        "on|off|auto",
+    ),
+    Option(
+        "threads",
+        ("-t", "--threads"),
+        _int_range(1),
+        "CPU threads for generation. Default: llama.cpp's choice.",
+        "N",
+    ),
+    Option(
+        "batch_size",
+        ("-b", "--batch-size"),
+        _int_range(1),
+        "Logical batch size for prompt processing. Default 512.",
+        "N",
+    ),
+    Option(
+        "ubatch_size",
+        ("-ub", "--ubatch-size"),
+        _int_range(1),
+        "Physical batch size. Default 512.",
+        "N",
+    ),
+    Option(
+        "rpc",
+        ("--rpc",),
+        parse_rpc,
+        "llama.cpp rpc-server endpoints to use as extra devices: host:port,host:port.",
+        "HOSTS",
+    ),
+    Option(
+        "api_key",
+        ("--api-key",),
+        _nonempty,
+        "Require 'Authorization: Bearer KEY' on every endpoint but /health; comma-separated for "
+        "several keys. Prefer --api-key-file or LLAMA_VQ_API_KEY: flags show in ps.",
+        "KEY",
+    ),
+    Option(
+        "api_key_file",
+        ("--api-key-file",),
+        _nonempty,
+        "File with one API key per line ('#' comments allowed).",
+        "PATH",
+    ),
+    Option(
+        "state_dir",
+        ("--state-dir",),
+        _nonempty,
+        "Keep the KV state of served prompts in this directory and reuse it for later requests "
+        "sharing a prefix, across restarts. Default: off.",
+        "DIR",
+    ),
+    Option(
+        "state_budget",
+        ("--state-budget",),
+        parse_size,
+        "Disk budget of --state-dir; least recently used states are deleted beyond it. Default 8G.",
+        "SIZE",
+    ),
+    Option(
+        "state_min_tokens",
+        ("--state-min-tokens",),
+        _int_range(1),
+        "Save a state only when it covers at least N tokens. Default 128.",
+        "N",
+    ),
+    Option(
+        "max_queue",
+        ("--max-queue",),
+        _int_range(0),
+        "Requests that may wait for the model; more get 429 with Retry-After. Default 16.",
+        "N",
+    ),
+    Option(
+        "max_body_bytes",
+        ("--max-body-size",),
+        parse_size,
+        "Largest accepted request body; larger gets 413. Default 16M.",
+        "SIZE",
+    ),
+    Option(
+        "chat_format",
+        ("--chat-format",),
+        _nonempty,
+        "llama-cpp-python chat format name instead of the model's own chat template "
+        "(e.g. chatml-function-calling).",
+        "NAME",
+    ),
+    Option(
+        "log_level",
+        ("--log-level",),
+        _choice(LOG_LEVELS),
+        "debug, info (default), warning, error.",
+        "LEVEL",
+    ),
+    Option("verbose", ("-v", "--verbose"), _bool, "Also print llama.cpp's own log.", switch=True),
+)
+
+_EPILOG = """\
+Every option can also be set by an environment variable: LLAMA_VQ_ + the long flag in upper case with
+'-' as '_' (LLAMA_VQ_CTX_SIZE=65536, LLAMA_VQ_API_KEY=...). A flag wins over its variable.
+
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API),
+GET /health (no key needed), GET /metrics (Prometheus).
+
+Example (two GPUs, quantized V without flash attention, expert tensors of layers 0-24 on the CPU):
+  llama-vq-server -m MiMo.gguf -c 65536 -ngl 999 -sm layer -ts 1,1 -ctk q8_0 -ctv q4_0 -fa off \\
+      -ot 'blk\\.([0-9]|1[0-9]|2[0-4])\\.ffn_.*_exps\\.=CPU' --api-key-file key.txt --state-dir kv/
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llama-vq-server",
+        description="OpenAI-compatible HTTP server for llama-vq (quantized V cache without flash "
+        "attention).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    for o in OPTIONS:
+        help_text = f"{o.help} [env {o.env}]"
+        if o.switch:
+            p.add_argument(
+                *o.flags, dest=o.dest, action="store_const", const="1", default=None, help=help_text
+            )
+        else:
+            p.add_argument(
+                *o.flags,
+                dest=o.dest,
+                metavar=o.metavar,
+                default=None,
+                action="append" if o.repeat else "store",
+                help=help_text,
+            )
+    return p
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    parser: argparse.ArgumentParser | None = None,
+) -> Settings:
+    """Flags (argv) over environment over defaults; raise SettingsError naming the bad value.
+
+    argparse itself exits 2 on unknown flags; --help exits 0.
+    """
+    environ = os.environ if environ is None else environ
+    parser = parser or build_parser()
+    ns = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    for o in OPTIONS:
+        raw = getattr(ns, o.dest)
+        source = "/".join(o.flags)
+        if raw is None and environ.get(o.env) not in (None, ""):
+            raw, source = environ[o.env], o.env
+            if o.repeat:
+                raw = [raw]
+        if raw is None:
+            continue
+        try:
+            if o.repeat:
+                values[o.dest] = tuple(x for item in raw for x in o.parse(item))
+            else:
+                values[o.dest] = o.parse(raw)
+        except ValueError as e:
+            shown = "" if o.dest == "api_key" else f" {raw if not o.repeat else ', '.join(raw)!r}"
+            raise SettingsError(f"{source}{shown}: {e}") from None
+    return _finish(values)
+
+
+def _finish(v: dict[str, Any]) -> Settings:
+    keys: list[str] = []
+    if "api_key" in v:
+        keys += [k.strip() for k in v.pop("api_key").split(",") if k.strip()]
+    if "api_key_file" in v:
+        path = Path(v.pop("api_key_file")).expanduser()
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as e:
+            raise SettingsError(
+                f"--api-key-file {str(path)!r}: cannot read it ({e.strerror})"
+            ) from None
+        file_keys = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        if not file_keys:
+            raise SettingsError(f"--api-key-file {str(path)!r}: holds no key (one key per line)")
+        keys += file_keys
+    if keys:
+        v["api_keys"] = tuple(dict.fromkeys(keys))
+
+    if "model" in v:
+        path = Path(v["model"]).expanduser()
+        if not path.is_file():
+            what = "is a directory, not a GGUF file" if path.is_dir() else "does not exist"
+            raise SettingsError(f"--model {str(path)!r}: {what}")
+        if not os.access(path, os.R_OK):
+            raise SettingsError(f"--model {str(path)!r}: is not readable by this user")
+        v["model"] = path.resolve()
+
+    if "state_dir" in v:
+        d = Path(v["state_dir"]).expanduser()
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SettingsError(
+                f"--state-dir {str(d)!r}: cannot create it ({e.strerror})"
+            ) from None
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise SettingsError(f"--state-dir {str(d)!r}: is not writable by this user")
+        v["state_dir"] = d.resolve()
+
+    st = Settings(**v)
+    if st.ubatch_size > st.batch_size:
+        raise SettingsError(
+            f"--ubatch-size {st.ubatch_size} is larger than --batch-size {st.batch_size}: "
+            "the physical batch must fit in the logical one"
+        )
+    if st.state_budget <= 0:
+        raise SettingsError("--state-budget: must be larger than 0")
+    if st.max_body_bytes < 1024:
+        raise SettingsError("--max-body-size: must be at least 1K")
+    return st
+
+
+def resolve_model(s: Settings) -> Path:
+    """The GGUF path to load: --model, or the embedded default model (fetched on first use)."""
+    if s.model is not None:
+        return s.model
+    from llama_vq import default_model_path  # noqa: PLC0415
+
+    return Path(default_model_path())
+
+
+def check_against_model(s: Settings, model: Path) -> None:
+    """Checks that need the model's metadata but no native load (cache types vs head sizes, V patch).
+
+    Raises SettingsError with llama_vq's message (value, constraint, fix).
+    """
+    try:
+        import llama_vq  # noqa: PLC0415
+        from llama_vq._validate import check_cache_config  # noqa: PLC0415
+    except ImportError:
+        return
+    try:
+        tk = llama_vq.parse_cache_type(s.cache_type_k, param="--cache-type-k")
+        tv = llama_vq.parse_cache_type(s.cache_type_v, param="--cache-type-v")
+        fa = llama_vq.parse_flash_attn(s.flash_attn)
+        check_cache_config(
+            model, tk, tv, fa, nonfa_quantized_v=llama_vq.build_info().nonfa_quantized_v
+        )
+    except llama_vq.ConfigError as e:
+        raise SettingsError(str(e)) from None
+    if s.chat_format is not None:
+        from llama_cpp import llama_chat_format  # noqa: PLC0415
+
+        known = llama_chat_format.LlamaChatCompletionHandlerRegistry()._chat_handlers
+        if s.chat_format not in known:
+            raise SettingsError(
+                f"--chat-format {s.chat_format!r}: unknown; known formats: {', '.join(sorted(known))}"
+            )

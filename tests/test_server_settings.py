@@ -1,0 +1,119 @@
+"""Server configuration: flags, LLAMA_VQ_* variables, validation and exit status 2 before loading."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from server.settings import SettingsError, parse_settings
+
+
+@pytest.fixture()
+def model_file(tmp_path: Path) -> Path:
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"GGUF")
+    return p
+
+
+def test_defaults_are_loopback_f16_and_no_key(model_file):
+    s = parse_settings(["-m", str(model_file)], {})
+    assert (s.host, s.port, s.ctx_size) == ("127.0.0.1", 8080, 4096)
+    assert (s.cache_type_k, s.cache_type_v, s.flash_attn) == ("f16", "f16", "auto")
+    assert s.api_keys == () and s.loopback and s.state_dir is None
+
+
+def test_llama_server_flags_map_onto_settings(model_file, tmp_path):
+    s = parse_settings(
+        ["-m", str(model_file), "-c", "65536", "-ngl", "all", "-sm", "row", "-ts", "3,1", "-mg", "1",
+         "-ot", r"blk\.1[0-9]\.ffn_.*_exps=CPU", "--override-tensor", "exps=CUDA0,norm=CPU",
+         "-ctk", "Q8_0", "-ctv", "q4_0", "-fa", "off", "-t", "8", "-b", "1024", "-ub", "256",
+         "--rpc", "10.0.0.2:50052,host:1", "--alias", "mimo,default", "--state-dir", str(tmp_path / "kv"),
+         "--state-budget", "1.5G", "--max-queue", "3", "--api-key", "k1,k2"], {})
+    assert s.ctx_size == 65536 and s.n_gpu_layers == -1 and s.split_mode_value == 2
+    assert s.tensor_split == (3.0, 1.0) and s.main_gpu == 1
+    assert s.override_tensor == ((r"blk\.1[0-9]\.ffn_.*_exps", "CPU"), ("exps", "CUDA0"), ("norm", "CPU"))
+    assert (s.cache_type_k, s.cache_type_v, s.flash_attn) == ("q8_0", "q4_0", "off")
+    assert (s.threads, s.batch_size, s.ubatch_size) == (8, 1024, 256)
+    assert s.rpc == ("10.0.0.2:50052", "host:1") and s.alias == ("mimo", "default")
+    assert s.state_dir == (tmp_path / "kv").resolve() and s.state_dir.is_dir()
+    assert s.state_budget == int(1.5 * 2**30) and s.max_queue == 3 and s.api_keys == ("k1", "k2")
+
+
+def test_environment_variables_configure_and_flags_win(model_file):
+    env = {"LLAMA_VQ_MODEL": str(model_file), "LLAMA_VQ_CTX_SIZE": "2048", "LLAMA_VQ_PORT": "9000",
+           "LLAMA_VQ_OVERRIDE_TENSOR": "exps=CPU", "LLAMA_VQ_VERBOSE": "1", "LLAMA_VQ_API_KEY": "sekret"}
+    s = parse_settings(["--port", "9001"], env)
+    assert s.model == model_file.resolve() and s.ctx_size == 2048 and s.port == 9001
+    assert s.override_tensor == (("exps", "CPU"),) and s.verbose and s.api_keys == ("sekret",)
+
+
+def test_api_key_file_takes_one_key_per_line(model_file, tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("# comment\nalpha\n\n beta \n")
+    assert parse_settings(["-m", str(model_file), "--api-key-file", str(f)], {}).api_keys == ("alpha", "beta")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "says"),
+    [
+        (["--ctx-size", "lots"], {}, "--ctx-size 'lots': must be an integer"),
+        (["--port", "70000"], {}, "--port '70000': must be <= 65535"),
+        ([], {"LLAMA_VQ_CTX_SIZE": "-5"}, "LLAMA_VQ_CTX_SIZE '-5': must be >= 0"),
+        (["-ctv", "q3_k"], {}, "--cache-type-v 'q3_k': must be one of"),
+        (["-fa", "maybe"], {}, "must be one of on, off, auto"),
+        (["-sm", "diagonal"], {}, "must be one of none, layer, row"),
+        (["-ts", "1,-1"], {}, "non-negative proportion"),
+        (["-ot", "exps"], {}, "is not PATTERN=BUFFER"),
+        (["-ot", "blk.(=CPU"], {}, "not a valid regular expression"),
+        (["--rpc", "host"], {}, "is not host:port"),
+        (["--state-budget", "lots"], {}, "must be a size"),
+        (["-b", "256", "-ub", "512"], {}, "--ubatch-size 512 is larger than --batch-size 256"),
+        (["--api-key-file", "/nonexistent/keys"], {}, "cannot read it"),
+    ],
+)
+def test_bad_values_are_refused_with_the_option_and_the_rule(model_file, argv, env, says):
+    with pytest.raises(SettingsError, match=None) as e:
+        parse_settings(["-m", str(model_file), *argv], env)
+    assert says in str(e.value)
+
+
+def test_missing_model_file_is_refused(tmp_path):
+    with pytest.raises(SettingsError, match="does not exist"):
+        parse_settings(["-m", str(tmp_path / "nope.gguf")], {})
+
+
+def test_api_key_value_is_never_echoed_in_errors(model_file):
+    with pytest.raises(SettingsError) as e:
+        parse_settings(["-m", str(model_file), "--api-key", "   "], {})
+    assert "--api-key" in str(e.value)
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_cli_exits_2_with_a_clear_message_before_loading_the_model(tmp_path, smollm2_path):
+    r = _cli("-m", str(smollm2_path), "--ctx-size", "abc", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "--ctx-size 'abc': must be an integer" in r.stderr and "usage:" in r.stderr
+    assert "loading" not in r.stderr
+
+
+def test_cli_exits_2_for_a_cache_type_the_build_cannot_run(tmp_path, smollm2_path, build):
+    if build.nonfa_quantized_v:
+        pytest.skip("this build carries the V patch: q4_0 V without flash attention is valid")
+    r = _cli("-m", str(smollm2_path), "-ctv", "q4_0", "-fa", "off", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "type_v='q4_0' with flash_attn off needs llama-vq's V patch" in r.stderr
+
+
+def test_cli_help_lists_flags_and_their_environment_variables(tmp_path):
+    r = _cli("--help", cwd=tmp_path)
+    assert r.returncode == 0
+    for flag in ("--override-tensor", "--cache-type-v", "--flash-attn", "--state-dir", "--rpc",
+                 "LLAMA_VQ_CTX_SIZE", "LLAMA_VQ_API_KEY", "PATTERN=BUFFER"):
+        assert flag in r.stdout
