@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -35,7 +36,7 @@ def create_app(settings: Settings, engine: Engine, metrics: Metrics) -> FastAPI:
         if engine.status == "loading" and not engine._thread.is_alive():
             engine.start()
         yield
-        engine.shutdown()
+        await asyncio.to_thread(engine.shutdown)  # waits for the worker: keep the loop free
 
     app = FastAPI(
         title="llama-vq-server",
@@ -92,14 +93,19 @@ _UNION_LABELS = {"str", "int", "float", "bool", "list", "dict", "none", "tagged-
 
 
 def _param(loc: tuple[Any, ...]) -> str:
-    """('body', 'messages', 0, 'role') -> 'messages[0].role' (pydantic's union-branch labels dropped)."""
+    """('body', 'messages', 0, 'role') -> 'messages[0].role' (pydantic's union labels dropped)."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         elif part == "body" and not out:
             continue
-        elif isinstance(part, str) and (part in _UNION_LABELS or "[" in part):
+        elif isinstance(part, str) and (
+            part in _UNION_LABELS
+            or "[" in part
+            or part.startswith(("constrained-", "function-"))
+            or part[:1].isupper()  # a model class name: our fields are snake_case
+        ):
             continue
         else:
             out += ("." if out else "") + str(part)
@@ -110,7 +116,10 @@ async def _validation_error(request: Request, e: Exception) -> JSONResponse:
     """FastAPI's 422 becomes OpenAI's 400, naming the first offending parameter."""
     assert isinstance(e, RequestValidationError)
     errs = e.errors()
-    first = errs[0] if errs else {"loc": (), "msg": "invalid request", "type": ""}
+    # Of a union's alternatives, the deepest error is the most specific one.
+    first = (
+        max(errs, key=lambda x: len(x.get("loc", ()))) if errs else {"loc": (), "msg": "invalid"}
+    )
     if first.get("type") == "json_invalid":
         return _error(
             400,
@@ -255,7 +264,7 @@ class RequestMetricsMiddleware:
 
 
 def _openapi(app: FastAPI, with_key: bool) -> dict[str, Any]:
-    """FastAPI's schema without its 422 answers (we answer 400), plus bearer auth when keys are set."""
+    """FastAPI's schema without its 422 answers (we answer 400), plus bearer auth with keys."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(

@@ -1,4 +1,4 @@
-"""API-key check: ``Authorization: Bearer <key>`` on every path but /health (pure ASGI middleware)."""
+"""API-key check: ``Authorization: Bearer <key>`` on every path but /health (ASGI middleware)."""
 
 from __future__ import annotations
 

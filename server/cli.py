@@ -104,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn.Server whose signal handler also starts the engine's drain, and which does not re-raise
-    the signal after the graceful shutdown (uvicorn's default, which would end the process by it)."""
+    """uvicorn.Server whose signal handler also starts the engine's drain, and which does not
+    re-raise the signal after the graceful shutdown (uvicorn's default, ending the process)."""
 
     def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
         super().__init__(config)

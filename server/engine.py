@@ -1,8 +1,9 @@
 """The engine adapter: the only code that touches the model.
 
 One model per process, driven by one worker thread. Requests become Jobs in a FIFO queue of bounded
-depth; each Job streams its events (chunks, result, error, end) to the event loop. A Job is cancelled
-when its client goes away: queued, it is dropped; running, generation stops at the next token.
+depth; each Job streams its events (chunks, result, error, end) to the event loop. A Job is
+cancelled when its client goes away: queued, it is dropped; running, generation stops at the next
+token.
 
 Generation goes through llama_cpp's own create_chat_completion / create_completion (chat templates,
 sampling, grammars, stop strings). The served model class overrides only ``generate`` to (1) restore
@@ -446,7 +447,8 @@ class Engine:
             bad = [t for t in w.prompt_ids if not 0 <= t < info.n_vocab]
             if bad:
                 raise errors.bad_request(
-                    f"prompt: token id {bad[0]} is outside this model's vocabulary [0, {info.n_vocab})",
+                    f"prompt: token id {bad[0]} is outside this model's vocabulary "
+                    f"[0, {info.n_vocab})",
                     param="prompt",
                 )
         grammars = list(w.check_grammars)
@@ -543,13 +545,13 @@ class Engine:
             llm.n_tokens = 0
 
     def _restore(self, llm: Any, toks: np.ndarray) -> int:
-        """Load the saved state sharing the longest prefix with the prompt, if it beats the cache."""
+        """Load the saved state sharing the longest prefix with the prompt, if it beats memory."""
         import llama_cpp  # noqa: PLC0415
 
         current = self._reuse_len(llm, toks)
-        found = self.store.lookup(
-            toks, better_than=max(current, 0), prefix_only=self.info.n_swa > 0
-        )
+        # Only worth a file read when it saves at least --state-min-tokens over the in-memory cache.
+        floor = max(current, self.settings.state_min_tokens - 1)
+        found = self.store.lookup(toks, better_than=floor, prefix_only=self.info.n_swa > 0)
         if found is None:
             return 0
         entry, n_common = found

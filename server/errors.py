@@ -1,4 +1,4 @@
-"""ApiError: one exception for every failure a client sees, carrying OpenAI's error body and status."""
+"""ApiError: every failure a client sees, with OpenAI's error body and the HTTP status."""
 
 from __future__ import annotations
 

@@ -364,7 +364,7 @@ class KVStore:
             self._on_event("evict", 1)
 
     def _discard_prefixes_of(self, tokens: np.ndarray) -> None:
-        """Delete entries whose whole token sequence is a strict prefix of ``tokens`` (superseded)."""
+        """Delete entries whose whole token sequence is a strict prefix of ``tokens``."""
         with self._lock:
             old = [
                 e

@@ -133,7 +133,8 @@ class Serving:
             info = self.engine.info
             if info is not None and not info.supports_tools:
                 raise errors.bad_request(
-                    "tools: this model's chat template does not render tools (start the server with "
+                    "tools: this model's chat template does not render tools (start the server "
+                    "with "
                     "a --chat-format that does, e.g. chatml-function-calling)",
                     param="tools",
                 )
@@ -265,7 +266,8 @@ class Serving:
                     yield f"data: {json.dumps(data.body())}\n\n"
                 elif kind == "end":
                     if usage_chunk is not None and last and not data.cancelled:
-                        yield f"data: {usage_chunk(last, data).model_dump_json(exclude_none=True)}\n\n"
+                        final = usage_chunk(last, data)
+                        yield f"data: {final.model_dump_json(exclude_none=True)}\n\n"
                     break
                 kind, data = await job.events.get()
             yield "data: [DONE]\n\n"
@@ -285,7 +287,7 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
         pass
 
 
-# ---- llama_cpp dicts -> protocol models -----------------------------------------------------------
+# ---- llama_cpp dicts -> protocol models ------------------------------------------------------
 
 
 def usage(stats: JobStats) -> protocol.Usage:

@@ -3,7 +3,8 @@
 Every option has a flag (llama-server's spelling where one exists) and an environment variable
 ``LLAMA_VQ_<FLAG>`` (``--ctx-size`` -> ``LLAMA_VQ_CTX_SIZE``); a flag wins over the variable.
 ``parse_settings`` validates everything once and raises SettingsError with a message naming the
-option, the value and what is accepted; the CLI turns that into exit status 2 before the model loads.
+option, the value and what is accepted; the CLI turns that into exit status 2 before the model
+loads.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _FALLBACK_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl",
 
 
 class SettingsError(ValueError):
-    """A configuration value that cannot work; the message names the option, the value and the fix."""
+    """A configuration value that cannot work; the message names the option, value and fix."""
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,8 @@ OPTIONS: tuple[Option, ...] = (
         "main_gpu",
         ("-mg", "--main-gpu"),
         _int_range(0),
-        "GPU for the whole model with --split-mode none (intermediate results with row). Default 0.",
+        "GPU for the whole model with --split-mode none (intermediate results with row). "
+        "Default 0.",
         "I",
     ),
     Option(
@@ -287,7 +289,8 @@ OPTIONS: tuple[Option, ...] = (
         ("-ot", "--override-tensor"),
         parse_overrides,
         "Keep tensors whose name matches the regex PATTERN in buffer type BUFFER (CPU, CUDA0, "
-        "ROCm1, ...); repeatable, or comma-separated. Example: 'blk\\.([0-9]|1[0-9])\\.ffn_.*_exps=CPU'.",
+        "ROCm1, ...); repeatable, or comma-separated. "
+        "Example: 'blk\\.([0-9]|1[0-9])\\.ffn_.*_exps=CPU'.",
         "PATTERN=BUFFER",
         repeat=True,
     ),
@@ -411,8 +414,8 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 _EPILOG = """\
-Every option can also be set by an environment variable: LLAMA_VQ_ + the long flag in upper case with
-'-' as '_' (LLAMA_VQ_CTX_SIZE=65536, LLAMA_VQ_API_KEY=...). A flag wins over its variable.
+Every option can also be set by an environment variable: LLAMA_VQ_ + the long flag in upper case
+with '-' as '_' (LLAMA_VQ_CTX_SIZE=65536, LLAMA_VQ_API_KEY=...). A flag wins over its variable.
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API),
 GET /health (no key needed), GET /metrics (Prometheus).
@@ -546,7 +549,7 @@ def resolve_model(s: Settings) -> Path:
 
 
 def check_against_model(s: Settings, model: Path) -> None:
-    """Checks that need the model's metadata but no native load (cache types vs head sizes, V patch).
+    """Checks that need the model's metadata but no native load (cache types, head sizes, V patch).
 
     Raises SettingsError with llama_vq's message (value, constraint, fix).
     """
@@ -570,5 +573,6 @@ def check_against_model(s: Settings, model: Path) -> None:
         known = llama_chat_format.LlamaChatCompletionHandlerRegistry()._chat_handlers
         if s.chat_format not in known:
             raise SettingsError(
-                f"--chat-format {s.chat_format!r}: unknown; known formats: {', '.join(sorted(known))}"
+                f"--chat-format {s.chat_format!r}: unknown; known formats: "
+                f"{', '.join(sorted(known))}"
             )

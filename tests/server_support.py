@@ -31,23 +31,42 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m server.cli`` with the given flags; ``url``, ``log()``, ``stop()``."""
 
-    def __init__(self, model: Path, *flags: str, log_dir: Path, env: dict[str, str] | None = None,
-                 api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Path,
+        *flags: str,
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"server-{self.port}.log"
         self._log = self.log_path.open("wb")
-        cmd = [sys.executable, "-m", "server.cli", "--model", str(model), "--port", str(self.port),
-               "--ctx-size", "1024", "--log-level", "info", *flags]
+        cmd = [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            "--ctx-size",
+            "1024",
+            "--log-level",
+            "info",
+            *flags,
+        ]
         full_env = {**os.environ, **(env or {})}
         if api_key is None:
             full_env.pop("LLAMA_VQ_API_KEY", None)
         # Run from a neutral directory: the installed packages are under test, not the checkout's.
         cwd = os.environ.get("LLAMA_VQ_TEST_SERVER_CWD") or str(log_dir)
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
-                                     cwd=cwd)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd
+        )
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -72,7 +91,9 @@ class ServerProcess:
                 except httpx.TransportError:
                     pass
                 time.sleep(0.05)  # poll interval, not a readiness guess
-        raise TimeoutError(f"server not ready after {deadline_s} s (last status {last}):\n{self.log()}")
+        raise TimeoutError(
+            f"server not ready after {deadline_s} s (last status {last}):\n{self.log()}"
+        )
 
     def metrics(self) -> dict[str, float]:
         r = httpx.get(self.url + "/metrics", headers=self.headers(), timeout=10)
@@ -86,7 +107,9 @@ class ServerProcess:
             if predicate(v):
                 return v
             time.sleep(0.02)
-        raise TimeoutError(f"{name} did not reach the expected value; last {self.metrics().get(name)}")
+        raise TimeoutError(
+            f"{name} did not reach the expected value; last {self.metrics().get(name)}"
+        )
 
     def terminate(self) -> int:
         """SIGTERM and wait; returns the exit status."""
@@ -132,13 +155,15 @@ def sse_events(lines) -> list[Any]:  # noqa: ANN001
     out = []
     for line in lines:
         if line.startswith("data: "):
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
 
 
-# A JSON-schema grammar that forbids ending before `n` characters: generation that cannot stop early,
-# for tests that need a request to keep running (disconnect, queue, drain).
+# A JSON-schema grammar that forbids ending before `n` characters: generation that cannot stop
+# early, for tests that need a request to keep running (disconnect, queue, drain).
 def long_string_format(n: int) -> dict[str, Any]:
-    return {"type": "json_schema",
-            "json_schema": {"name": "long", "schema": {"type": "string", "minLength": n}}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "long", "schema": {"type": "string", "minLength": n}},
+    }

@@ -1,4 +1,4 @@
-"""KV state files without a model: format checks, prefix lookup, LRU eviction under a byte budget."""
+"""KV state files without a model: format checks, prefix lookup, LRU eviction under a budget."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ import pytest
 
 from server.kv_store import SUFFIX, KVStore, StateFileError, read_header
 
-ID = {"model": "abc", "type_k": "f16", "type_v": "q4_0", "flash_attn": False, "llama_cpp": "x", "patches": []}
+ID = {
+    "model": "abc",
+    "type_k": "f16",
+    "type_v": "q4_0",
+    "flash_attn": False,
+    "llama_cpp": "x",
+    "patches": [],
+}
 
 
 def _store(d: Path, budget: int = 1 << 20, identity=ID) -> KVStore:
@@ -94,8 +101,13 @@ def test_least_recently_used_states_are_evicted_beyond_the_budget(tmp_path):
     s.load(oldest)
     time.sleep(0.01)  # distinct timestamps for the LRU order (file mtimes)
     _save(s, [3, 3, 3], bytes(1000))
-    kept = sorted(int(e.tokens[0]) for e, _ in
-                  (s.lookup([i, i, i], better_than=0, prefix_only=True) or (None, 0) for i in range(4)) if e)
+    kept = sorted(
+        int(e.tokens[0])
+        for e, _ in (
+            s.lookup([i, i, i], better_than=0, prefix_only=True) or (None, 0) for i in range(4)
+        )
+        if e
+    )
     assert kept == [0, 2, 3]
     assert s.total_bytes <= s.budget and len(list(tmp_path.glob("*" + SUFFIX))) == 3
 

@@ -1,4 +1,4 @@
-"""Server configuration: flags, LLAMA_VQ_* variables, validation and exit status 2 before loading."""
+"""Server configuration: flags, LLAMA_VQ_* variables, validation, exit status 2 before loading."""
 
 from __future__ import annotations
 
@@ -27,14 +27,57 @@ def test_defaults_are_loopback_f16_and_no_key(model_file):
 
 def test_llama_server_flags_map_onto_settings(model_file, tmp_path):
     s = parse_settings(
-        ["-m", str(model_file), "-c", "65536", "-ngl", "all", "-sm", "row", "-ts", "3,1", "-mg", "1",
-         "-ot", r"blk\.1[0-9]\.ffn_.*_exps=CPU", "--override-tensor", "exps=CUDA0,norm=CPU",
-         "-ctk", "Q8_0", "-ctv", "q4_0", "-fa", "off", "-t", "8", "-b", "1024", "-ub", "256",
-         "--rpc", "10.0.0.2:50052,host:1", "--alias", "mimo,default", "--state-dir", str(tmp_path / "kv"),
-         "--state-budget", "1.5G", "--max-queue", "3", "--api-key", "k1,k2"], {})
+        [
+            "-m",
+            str(model_file),
+            "-c",
+            "65536",
+            "-ngl",
+            "all",
+            "-sm",
+            "row",
+            "-ts",
+            "3,1",
+            "-mg",
+            "1",
+            "-ot",
+            r"blk\.1[0-9]\.ffn_.*_exps=CPU",
+            "--override-tensor",
+            "exps=CUDA0,norm=CPU",
+            "-ctk",
+            "Q8_0",
+            "-ctv",
+            "q4_0",
+            "-fa",
+            "off",
+            "-t",
+            "8",
+            "-b",
+            "1024",
+            "-ub",
+            "256",
+            "--rpc",
+            "10.0.0.2:50052,host:1",
+            "--alias",
+            "mimo,default",
+            "--state-dir",
+            str(tmp_path / "kv"),
+            "--state-budget",
+            "1.5G",
+            "--max-queue",
+            "3",
+            "--api-key",
+            "k1,k2",
+        ],
+        {},
+    )
     assert s.ctx_size == 65536 and s.n_gpu_layers == -1 and s.split_mode_value == 2
     assert s.tensor_split == (3.0, 1.0) and s.main_gpu == 1
-    assert s.override_tensor == ((r"blk\.1[0-9]\.ffn_.*_exps", "CPU"), ("exps", "CUDA0"), ("norm", "CPU"))
+    assert s.override_tensor == (
+        (r"blk\.1[0-9]\.ffn_.*_exps", "CPU"),
+        ("exps", "CUDA0"),
+        ("norm", "CPU"),
+    )
     assert (s.cache_type_k, s.cache_type_v, s.flash_attn) == ("q8_0", "q4_0", "off")
     assert (s.threads, s.batch_size, s.ubatch_size) == (8, 1024, 256)
     assert s.rpc == ("10.0.0.2:50052", "host:1") and s.alias == ("mimo", "default")
@@ -43,8 +86,14 @@ def test_llama_server_flags_map_onto_settings(model_file, tmp_path):
 
 
 def test_environment_variables_configure_and_flags_win(model_file):
-    env = {"LLAMA_VQ_MODEL": str(model_file), "LLAMA_VQ_CTX_SIZE": "2048", "LLAMA_VQ_PORT": "9000",
-           "LLAMA_VQ_OVERRIDE_TENSOR": "exps=CPU", "LLAMA_VQ_VERBOSE": "1", "LLAMA_VQ_API_KEY": "sekret"}
+    env = {
+        "LLAMA_VQ_MODEL": str(model_file),
+        "LLAMA_VQ_CTX_SIZE": "2048",
+        "LLAMA_VQ_PORT": "9000",
+        "LLAMA_VQ_OVERRIDE_TENSOR": "exps=CPU",
+        "LLAMA_VQ_VERBOSE": "1",
+        "LLAMA_VQ_API_KEY": "sekret",
+    }
     s = parse_settings(["--port", "9001"], env)
     assert s.model == model_file.resolve() and s.ctx_size == 2048 and s.port == 9001
     assert s.override_tensor == (("exps", "CPU"),) and s.verbose and s.api_keys == ("sekret",)
@@ -53,7 +102,10 @@ def test_environment_variables_configure_and_flags_win(model_file):
 def test_api_key_file_takes_one_key_per_line(model_file, tmp_path):
     f = tmp_path / "keys"
     f.write_text("# comment\nalpha\n\n beta \n")
-    assert parse_settings(["-m", str(model_file), "--api-key-file", str(f)], {}).api_keys == ("alpha", "beta")
+    assert parse_settings(["-m", str(model_file), "--api-key-file", str(f)], {}).api_keys == (
+        "alpha",
+        "beta",
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,8 +144,13 @@ def test_api_key_value_is_never_echoed_in_errors(model_file):
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "server.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
 
 
 def test_cli_exits_2_with_a_clear_message_before_loading_the_model(tmp_path, smollm2_path):
@@ -114,6 +171,14 @@ def test_cli_exits_2_for_a_cache_type_the_build_cannot_run(tmp_path, smollm2_pat
 def test_cli_help_lists_flags_and_their_environment_variables(tmp_path):
     r = _cli("--help", cwd=tmp_path)
     assert r.returncode == 0
-    for flag in ("--override-tensor", "--cache-type-v", "--flash-attn", "--state-dir", "--rpc",
-                 "LLAMA_VQ_CTX_SIZE", "LLAMA_VQ_API_KEY", "PATTERN=BUFFER"):
+    for flag in (
+        "--override-tensor",
+        "--cache-type-v",
+        "--flash-attn",
+        "--state-dir",
+        "--rpc",
+        "LLAMA_VQ_CTX_SIZE",
+        "LLAMA_VQ_API_KEY",
+        "PATTERN=BUFFER",
+    ):
         assert flag in r.stdout

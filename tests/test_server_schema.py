@@ -1,0 +1,88 @@
+"""Schemathesis against the app's own OpenAPI schema: no 5xx, no response outside the schema.
+
+The app runs in-process (ASGI) with SmolLM2 and a 128-token context, which bounds every generation
+the fuzzer can ask for (~100 tokens at most). Example counts are capped so the whole file takes
+about a minute of CPU on 2 cores.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+pytestmark = pytest.mark.slow
+
+MAX_EXAMPLES = 40  # per operation and phase; enough to reach every field, bounded for CI time
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+    negative_data_rejection,
+]
+
+
+@pytest.fixture(scope="module")
+def app(smollm2_path):
+    import llama_vq  # noqa: F401  (binds llama_cpp before the server imports it)
+    from server.app import create_app
+    from server.engine import Engine
+    from server.metrics import Metrics
+    from server.settings import parse_settings
+
+    cfg = parse_settings(
+        [
+            "-m",
+            str(smollm2_path),
+            "--ctx-size",
+            "128",
+            "--max-queue",
+            "64",
+            "--max-body-size",
+            "256K",
+        ],
+        {},
+    )
+    metrics = Metrics()
+    engine = Engine(cfg, metrics, cfg.model)
+    engine.start()
+    deadline = time.monotonic() + 120
+    while engine.status == "loading" and time.monotonic() < deadline:
+        time.sleep(0.05)  # poll the load, not a readiness guess
+    assert engine.status == "ready", engine.load_error
+    yield create_app(cfg, engine, metrics)
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def api_schema(app):
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
+def test_no_server_error_and_no_schema_violation(case):
+    case.call_and_validate(checks=CHECKS)

@@ -1,0 +1,214 @@
+"""KV state persistence (--state-dir) of a real llama-vq-server with SmolLM2, across restarts.
+
+Greedy outputs after a restore are compared with a fresh server's for the same prompt. Exact text
+equality is expected: the restored KV bytes are the ones a fresh run computes, and only the last
+prompt token (or the new suffix) is evaluated on top of them. It is the same assumption llama_cpp
+makes when it reuses its in-memory prefix, which every second request in these tests exercises too.
+CPU cost: about 8 short server runs and ~30 generations of <= 16 tokens; about 30-45 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from server_support import ServerProcess
+
+from server.kv_store import MAGIC, SUFFIX, encode, read_header
+
+pytestmark = pytest.mark.slow
+
+PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+    "combined movable metal type, oil-based ink and a wooden screw press. Within fifty years"
+)
+MORE = " printing shops had opened in more than two hundred European cities, and"
+STATE_FLAGS = ("--state-min-tokens", "8")
+
+
+def _complete(s: ServerProcess, prompt: str, max_tokens: int = 16) -> dict:
+    r = httpx.post(
+        s.url + "/v1/completions",
+        timeout=120,
+        json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _text(resp: dict) -> str:
+    return resp["choices"][0]["text"]
+
+
+def _files(d: Path) -> list[Path]:
+    return sorted(d.glob("*" + SUFFIX))
+
+
+@pytest.fixture(scope="module")
+def fresh(smollm2_path, tmp_path_factory):
+    """Reference outputs from a server without --state-dir."""
+    s = ServerProcess(smollm2_path, log_dir=tmp_path_factory.mktemp("fresh"))
+    try:
+        s.wait_ready()
+        yield {p: _text(_complete(s, p)) for p in (PROMPT, PROMPT + MORE)}
+    finally:
+        s.stop()
+
+
+@pytest.fixture()
+def state_dir(smollm2_path, tmp_path):
+    """A state directory with the state of PROMPT's request, written by a server that exited 0."""
+    d = tmp_path / "kv"
+    s = ServerProcess(smollm2_path, "--state-dir", str(d), *STATE_FLAGS, log_dir=tmp_path)
+    s.wait_ready()
+    _complete(s, PROMPT)
+    assert s.terminate() == 0, s.log()
+    assert len(_files(d)) == 1, s.log()
+    return d
+
+
+def test_restart_restores_the_prefix_and_gives_the_fresh_greedy_tokens(
+    smollm2_path, tmp_path, state_dir, fresh
+):
+    s = ServerProcess(smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, log_dir=tmp_path)
+    try:
+        s.wait_ready()
+        same = _complete(s, PROMPT)
+        n_prompt = same["usage"]["prompt_tokens"]
+        assert same["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
+        assert _text(same) == fresh[PROMPT]
+        assert s.metrics()["llama_vq_kv_state_restored_tokens_total"] >= n_prompt
+
+        s.stop()  # and once more from disk, now with a longer prompt sharing the prefix
+        s = ServerProcess(
+            smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, log_dir=tmp_path
+        )
+        s.wait_ready()
+        longer = _complete(s, PROMPT + MORE)
+        assert longer["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_prompt
+        assert _text(longer) == fresh[PROMPT + MORE]
+        assert "restored KV state" in s.log()
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-payload", "garbage"])
+def test_damaged_state_file_is_skipped_with_a_warning_and_recomputed(
+    smollm2_path, tmp_path, state_dir, fresh, damage
+):
+    (f,) = _files(state_dir)
+    raw = f.read_bytes()
+    f.write_bytes(
+        {
+            "truncate": raw[: len(raw) // 2],
+            "flip-payload": raw[:-100] + bytes(b ^ 0x5A for b in raw[-100:]),
+            "garbage": b"\0" * 64,
+        }[damage]
+    )
+    s = ServerProcess(smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, log_dir=tmp_path)
+    try:
+        s.wait_ready()
+        r = _complete(s, PROMPT)
+        assert _text(r) == fresh[PROMPT]
+        assert "skipping KV state file" in s.log()
+        m = s.metrics()
+        assert m["llama_vq_kv_state_restored_tokens_total"] == 0
+        assert m["llama_vq_kv_state_rejected_total"] >= 1
+    finally:
+        s.stop()
+
+
+def test_state_that_llama_cpp_refuses_is_skipped_and_recomputed(
+    smollm2_path, tmp_path, state_dir, fresh
+):
+    """A file with valid checksums whose KV payload llama.cpp cannot read (wrong sequence magic)."""
+    (f,) = _files(state_dir)
+    header, tokens, offset = read_header(f, json.loads(_raw_header(f))["identity"])
+    payload = bytearray(f.read_bytes()[offset:])
+    payload[0] ^= 0xFF
+    prefix, body = encode(header["identity"], tokens, bytes(payload))
+    f.write_bytes(prefix + body)
+    s = ServerProcess(smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, log_dir=tmp_path)
+    try:
+        s.wait_ready()
+        assert _text(_complete(s, PROMPT)) == fresh[PROMPT]
+        assert "llama.cpp refused it" in s.log()
+        assert s.metrics()["llama_vq_kv_state_rejected_total"] >= 1
+    finally:
+        s.stop()
+
+
+def test_state_of_other_cache_types_is_never_loaded(smollm2_path, tmp_path, state_dir):
+    s = ServerProcess(
+        smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, "-ctk", "q8_0", log_dir=tmp_path
+    )
+    try:
+        s.wait_ready()
+        r = _complete(s, PROMPT)
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert s.metrics()["llama_vq_kv_state_restored_tokens_total"] == 0
+        assert "belong to another model or configuration" in s.log()
+    finally:
+        s.stop()
+    assert len(_files(state_dir)) == 2  # the f16 file is left alone; the q8_0 one is added
+
+
+def _raw_header(f: Path) -> bytes:
+    raw = f.read_bytes()
+    assert raw.startswith(MAGIC)
+    n = int.from_bytes(raw[len(MAGIC) : len(MAGIC) + 4], "little")
+    return raw[len(MAGIC) + 4 : len(MAGIC) + 4 + n]
+
+
+# SmolLM2-135M: 30 layers, 3 KV heads x 64 = 192 K and V values per token and layer.
+N_LAYER, N_EMBD_KV = 30, 192
+BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+def test_state_files_shrink_by_the_cache_type_ratio(smollm2_path, tmp_path, build, record_property):
+    """File size = fixed part + n_tokens x layers x 192 x bytes per value, for K and for V.
+
+    q4_0 V without flash attention needs the V patch; with flash attention it runs on any build
+    (same q4_0 bytes on disk), so the sizes are measured with flash attention on.
+    """
+    configs = [("f16", "f16"), ("f16", "q8_0"), ("f16", "q4_0"), ("q8_0", "q4_0")]
+    sizes = {}
+    n_tokens = None
+    for k, v in configs:
+        d = tmp_path / f"{k}-{v}"
+        s = ServerProcess(
+            smollm2_path,
+            "--state-dir",
+            str(d),
+            *STATE_FLAGS,
+            "-ctk",
+            k,
+            "-ctv",
+            v,
+            "-fa",
+            "on",
+            log_dir=tmp_path,
+        )
+        try:
+            s.wait_ready()
+            r = _complete(s, PROMPT, max_tokens=1)  # the state holds exactly the prompt
+            n_tokens = r["usage"]["prompt_tokens"]
+            assert s.terminate() == 0
+        finally:
+            s.stop()
+        (f,) = _files(d)
+        sizes[(k, v)] = f.stat().st_size
+    record_property("state_file_bytes", {f"{k}/{v}": n for (k, v), n in sizes.items()})
+    print(
+        f"\nstate file bytes for {n_tokens} tokens (SmolLM2-135M, CPU):",
+        {f"K {k} / V {v}": n for (k, v), n in sizes.items()},
+    )
+    per_tok = {t: n_tokens * N_LAYER * N_EMBD_KV * b for t, b in BYTES_PER_VALUE.items()}
+    # Exact: the V part shrinks by the per-value bytes; K and the fixed part are unchanged.
+    assert sizes[("f16", "f16")] - sizes[("f16", "q4_0")] == per_tok["f16"] - per_tok["q4_0"]
+    assert sizes[("f16", "f16")] - sizes[("f16", "q8_0")] == per_tok["f16"] - per_tok["q8_0"]
+    assert sizes[("f16", "q4_0")] - sizes[("q8_0", "q4_0")] == per_tok["f16"] - per_tok["q8_0"]
+    v_ratio = per_tok["f16"] / per_tok["q4_0"]
+    assert round(v_ratio, 2) == 3.56
