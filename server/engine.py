@@ -470,10 +470,11 @@ class Engine:
         m = _CTX_EXCEEDED.search(str(e))
         if m:
             return errors.context_exceeded(int(m.group(1)), int(m.group(2)))
-        if not job.prompt_started:
-            # Raised while turning the request into a prompt: chat template, tokenizer, grammar.
-            log.info("request refused while building the prompt: %s: %s", type(e).__name__, e)
-            return errors.bad_request(f"the request could not be turned into a prompt: {e}")
+        if not job.prompt_started or isinstance(e, ValueError):
+            # Raised while turning the request into a prompt (chat template, tokenizer, grammar), or
+            # llama_cpp refusing a combination it does not support: the request's fault.
+            log.info("request refused: %s: %s", type(e).__name__, e)
+            return errors.bad_request(f"the request cannot be served: {e}")
         log.exception("generation failed")
         return errors.internal(f"generation failed: {type(e).__name__}: {e}")
 

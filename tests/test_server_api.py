@@ -365,3 +365,44 @@ def test_openapi_schema_documents_400_not_422(http):
     schema = http.get("/openapi.json").json()
     op = schema["paths"]["/v1/chat/completions"]["post"]
     assert "400" in op["responses"] and "422" not in op["responses"]
+
+
+# ---- tools with a chat format that renders them ---------------------------------------------------
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                   "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}}}}]
+FORCE = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def tool_client(smollm2_path, tmp_path_factory):
+    s = ServerProcess(smollm2_path, "--chat-format", "chatml-function-calling", "--alias", "smol",
+                      log_dir=tmp_path_factory.mktemp("tools"))
+    try:
+        s.wait_ready()
+        yield openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    finally:
+        s.stop()
+
+
+def test_forced_tool_choice_returns_a_tool_call_with_schema_valid_arguments(tool_client):
+    r = tool_client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=WEATHER,
+        tool_choice=FORCE, max_tokens=32, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+
+
+def test_forced_tool_choice_streams_tool_call_deltas(tool_client):
+    chunks = list(tool_client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Weather in Rome?"}], tools=WEATHER,
+        tool_choice=FORCE, max_tokens=32, temperature=0, stream=True))
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert deltas and deltas[0].function.name == "get_weather"
+    args = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(args)["city"] in ("Paris", "Rome")
