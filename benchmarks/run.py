@@ -1,0 +1,608 @@
+#!/usr/bin/env python3
+"""Benchmark the KV-cache types side by side with llama-bench, on one machine, in one run.
+
+    python benchmarks/run.py --backend cpu            # SmolLM2, 2 threads, depths 0 and 4096
+    python benchmarks/run.py --backend cuda           # synthetic 8B-shaped and MiMo-shaped models
+
+One command: builds llama-bench (+ llama-perplexity, test-backend-ops) from the patched tree
+(tools/patches.py export, then CMake), generates the synthetic models where it runs
+(tools/synth_models.py; never committed), runs the matrix (flash attention off/on x cache-type
+pairs x depths), and writes into --out:
+
+    results.json   every llama-bench record, plus per-config status (ok / unsupported / failed /
+                   timeout / skipped, with the reason), KV and compute-buffer sizes from llama.cpp's
+                   log, machine, llama.cpp commit and patch series
+    results.md     tok/s and ratios vs FA-off f16/f16 (same run), memory, bytes moved per token
+    tok_s_vs_depth.png
+    logs/          llama-bench's stderr per config (verbose: buffer sizes)
+
+A config the current patches cannot run (e.g. a quantized V with flash attention off before the V
+patch) is reported as "unsupported", never stops the run. Use --bin to reuse built tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import report  # noqa: E402
+
+# (type_k, type_v) pairs, in table order
+PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_0", "f16")]
+TARGETS = ["llama-bench", "llama-perplexity", "test-backend-ops"]
+BUILT_FROM: dict = {}  # what the tools were built from (filled by build_tools or from --bin)
+
+
+@dataclass
+class Config:
+    fa: str  # "off" | "on"
+    type_k: str
+    type_v: str
+
+    @property
+    def key(self) -> str:
+        return f"fa-{self.fa}_{self.type_k}-{self.type_v}"
+
+
+def default_configs(backend: str, fa_all_quants: bool) -> tuple[list[Config], list[dict]]:
+    """The matrix, and the configs skipped with a reason.
+
+    CUDA builds flash-attention kernels for mixed K/V types only with GGML_CUDA_FA_ALL_QUANTS=ON;
+    without it such a config would run its attention on the CPU, which measures nothing useful.
+    """
+    configs, skipped = [], []
+    for fa in ("off", "on"):
+        for k, v in PAIRS:
+            c = Config(fa, k, v)
+            if backend == "cuda" and fa == "on" and k != v and not fa_all_quants:
+                skipped.append(
+                    dict(
+                        config=c.key,
+                        fa=fa,
+                        type_k=k,
+                        type_v=v,
+                        status="skipped",
+                        reason="CUDA FA kernels for mixed K/V types need "
+                        "GGML_CUDA_FA_ALL_QUANTS=ON",
+                    )
+                )
+                continue
+            configs.append(c)
+    return configs, skipped
+
+
+# ----------------------------------------------------------------------------
+# machine / provenance
+
+
+def machine_info(backend: str) -> dict:
+    info = {"platform": platform.platform(), "cpu_cores": os.cpu_count()}
+    try:
+        info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if backend == "cuda" and shutil.which("nvidia-smi"):
+        q = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        info["gpus"] = [s.strip() for s in q.stdout.strip().splitlines()]
+    return info
+
+
+def provenance() -> dict:
+    out: dict = {}
+    try:
+        sys.path.insert(0, str(REPO / "tools"))
+        from _pin import read_pin, read_series  # noqa: PLC0415
+
+        pin = read_pin()
+        out["llama_cpp_commit"] = pin.llama_cpp_commit
+        out["llama_cpp_python"] = pin.llama_cpp_python
+        out["patch_series"] = read_series()
+    except Exception as e:  # noqa: BLE001 - provenance is best effort, recorded as such
+        out["provenance_error"] = repr(e)
+    try:
+        out["repo_commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "patches"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        out["patches_dirty"] = bool(dirty)
+    except OSError:
+        pass
+    return out
+
+
+# ----------------------------------------------------------------------------
+# build
+
+
+def build_tools(
+    backend: str,
+    src: Path | None,
+    build_dir: Path,
+    jobs: int,
+    fa_all_quants: bool,
+    targets: list[str],
+) -> Path:
+    """Export the patched tree (unless --src), configure, build the tools; return the bin dir."""
+    if src is None:
+        src = build_dir / "llama.cpp-patched"
+        subprocess.run(
+            [sys.executable, str(REPO / "tools" / "patches.py"), "export", str(src)], check=True
+        )
+    args = [
+        "cmake",
+        "-S",
+        str(src),
+        "-B",
+        str(build_dir / "build"),
+        "-G",
+        "Ninja",
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_TESTS=ON",
+        "-DBUILD_SHARED_LIBS=ON",
+    ]
+    if shutil.which("ccache"):
+        args.append("-DGGML_CCACHE=ON")
+    else:
+        args.append("-DGGML_CCACHE=OFF")
+    if backend == "cpu":
+        # portable x86-64 with AVX2/FMA/F16C, never -march=native (AMX trap on CI Xeons: DESIGN.md)
+        args += ["-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+    elif backend == "cuda":
+        args += [
+            "-DGGML_CUDA=ON",
+            "-DCMAKE_CUDA_ARCHITECTURES=90",
+            f"-DGGML_CUDA_FA_ALL_QUANTS={'ON' if fa_all_quants else 'OFF'}",
+        ]
+    if "LLAMA_APP" in (src / "CMakeLists.txt").read_text(errors="replace"):
+        args.append("-DLLAMA_BUILD_APP=OFF")
+    if not shutil.which("ninja"):
+        args[args.index("-G") + 1] = "Unix Makefiles"
+    t0 = time.time()
+    stamp = src / ".llama-vq-series"
+    BUILT_FROM.update(
+        src=str(src), series_stamp=stamp.read_text().strip() if stamp.exists() else ""
+    )
+    subprocess.run(args, check=True)
+    subprocess.run(
+        ["cmake", "--build", str(build_dir / "build"), "-j", str(jobs), "--target", *targets],
+        check=True,
+    )
+    print(f"[bench] build took {time.time() - t0:.0f} s", flush=True)
+    return build_dir / "build" / "bin"
+
+
+# ----------------------------------------------------------------------------
+# models
+
+
+def prepare_models(
+    names: list[str], model_dir: Path, tokenizer_from: str | None
+) -> dict[str, Path]:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    synth = None
+    for name in names:
+        if name == "smollm2":
+            out[name] = smollm2_path()
+            continue
+        if synth is None:
+            sys.path.insert(0, str(REPO / "tools"))
+            import synth_models as synth  # noqa: PLC0415
+        path = model_dir / f"synth-{name}.gguf"
+        if not path.exists():
+            t0 = time.time()
+            if name == "llama8b":
+                synth.write_llama_like(path, "llama-3.1-8b", tokenizer_from=tokenizer_from)
+            elif name == "mimo":
+                synth.write_mimo_like(path, preset="attn", tokenizer_from=tokenizer_from)
+            elif name == "llama-tiny":
+                synth.write_llama_like(path, "tiny", tokenizer_from=tokenizer_from)
+            elif name == "mimo-tiny":
+                synth.write_mimo_like(path, preset="tiny", tokenizer_from=tokenizer_from)
+            else:
+                raise SystemExit(f"unknown model {name!r}")
+            print(
+                f"[bench] generated {path.name} ({path.stat().st_size / 2**30:.2f} GiB) in "
+                f"{time.time() - t0:.0f} s",
+                flush=True,
+            )
+        out[name] = path
+    return out
+
+
+def smollm2_path() -> Path:
+    env = os.environ.get("LLAMA_VQ_SMOLLM2")
+    if env:
+        return Path(env)
+    r = subprocess.run(
+        [sys.executable, "-m", "llama_vq.models", "path"], capture_output=True, text=True, cwd=REPO
+    )
+    lines = r.stdout.strip().splitlines()
+    if r.returncode == 0 and lines and Path(lines[-1]).is_file():
+        return Path(lines[-1])
+    raise SystemExit(
+        "SmolLM2 not found: set LLAMA_VQ_SMOLLM2=<path to the GGUF> "
+        "or install llama_vq (python -m llama_vq.models path)"
+    )
+
+
+# ----------------------------------------------------------------------------
+# llama-bench log parsing (buffer sizes)
+
+_RE_NCTX = re.compile(r"llama_context: n_ctx\s*=\s*(\d+)")
+_RE_KV = re.compile(
+    r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers"
+    r".*?K \((\w+)\):\s*([\d.]+) MiB, "
+    r"V \((\w+)\):\s*([\d.]+) MiB"
+)
+_RE_CB = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
+
+
+def parse_buffers(log: str) -> list[dict]:
+    """Per context created: n_ctx, KV caches (iSWA models have two), compute buffers."""
+    ctxs: list[dict] = []
+    cur: dict | None = None
+    for line in log.splitlines():
+        m = _RE_NCTX.search(line)
+        if m:
+            cur = {"n_ctx": int(m.group(1)), "kv": [], "compute": {}}
+            ctxs.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = _RE_KV.search(line)
+        if m:
+            cur["kv"].append(
+                dict(
+                    total_mib=float(m.group(1)),
+                    cells=int(m.group(2)),
+                    layers=int(m.group(3)),
+                    type_k=m.group(4),
+                    k_mib=float(m.group(5)),
+                    type_v=m.group(6),
+                    v_mib=float(m.group(7)),
+                )
+            )
+            continue
+        m = _RE_CB.search(line)
+        if m:
+            # a context may reserve more than once: the buffer is the largest
+            dev, mib = m.group(1), float(m.group(2))
+            cur["compute"][dev] = max(mib, cur["compute"].get(dev, 0.0))
+    return ctxs
+
+
+def _classify_failure(rc: int, err: str) -> tuple[str, str]:
+    tail = [ln for ln in err.strip().splitlines() if ln.strip()][-6:]
+    reason_lines = [
+        ln
+        for ln in err.splitlines()
+        if re.search(r"error|requires|not supported|abort|assert", ln, re.I)
+    ][-3:]
+    reason = " | ".join(s.strip() for s in (reason_lines or tail))[:400]
+    if "failed to create context" in err:
+        return "unsupported", reason
+    if rc < 0:
+        return "failed", f"killed by signal {-rc}: {reason}"
+    return "failed", f"rc={rc}: {reason}"
+
+
+def run_config(
+    bench: Path, model: Path, model_name: str, cfg: Config, a, log_dir: Path
+) -> tuple[list[dict], dict]:
+    cmd = [
+        str(bench),
+        "-m",
+        str(model),
+        "-fa",
+        cfg.fa,
+        "-ctk",
+        cfg.type_k,
+        "-ctv",
+        cfg.type_v,
+        "-d",
+        ",".join(str(d) for d in a.depths),
+        "-r",
+        str(a.reps),
+        "-o",
+        "jsonl",
+        "-v",
+    ]
+    if a.p:
+        cmd += ["-p", str(a.p)]
+    else:
+        cmd += ["-p", "0"]
+    cmd += ["-n", str(a.n) if a.n else "0"]
+    if a.threads:
+        cmd += ["-t", str(a.threads)]
+    if a.backend == "cuda":
+        cmd += ["-ngl", "99"]
+    cmd += a.extra
+    status = dict(
+        model=model_name,
+        config=cfg.key,
+        fa=cfg.fa,
+        type_k=cfg.type_k,
+        type_v=cfg.type_v,
+        command=shlex.join(cmd),
+    )
+    print(f"[bench] {model_name} {cfg.key}: {shlex.join(cmd)}", flush=True)
+    t0 = time.time()
+    log_path = log_dir / f"{model_name}_{cfg.key}.log"
+    try:
+        with open(log_path, "w") as ferr:
+            p = subprocess.run(
+                cmd, stdout=subprocess.PIPE, stderr=ferr, text=True, timeout=a.timeout
+            )
+        rc, out = p.returncode, p.stdout
+    except subprocess.TimeoutExpired as e:
+        rc, out = None, (e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or ""))
+    err = log_path.read_text(errors="replace")
+    status["wall_s"] = round(time.time() - t0, 1)
+    records = []
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            rec["_model"] = model_name
+            rec["_config"] = cfg.key
+            records.append(rec)
+    if rc is None:
+        status["status"] = "timeout"
+        status["reason"] = f"over {a.timeout} s"
+    elif rc == 0:
+        status["status"] = "ok"
+    else:
+        status["status"], status["reason"] = _classify_failure(rc, err)
+    if records and status["status"] != "ok":
+        status["partial"] = True
+    status["buffers"] = parse_buffers(err)
+    print(
+        f"[bench]   -> {status['status']} in {status['wall_s']} s"
+        + "".join(
+            f"; {r.get('n_prompt')}+{r.get('n_gen')}@d{r.get('n_depth')}: "
+            f"{r.get('avg_ts', 0):.1f} t/s"
+            for r in records
+        )
+        + (f" ({status.get('reason')})" if status.get("reason") else ""),
+        flush=True,
+    )
+    return records, status
+
+
+# ----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--backend", choices=["cpu", "cuda"], required=True)
+    ap.add_argument(
+        "--out", type=Path, help="output folder (default: benchmarks/out/<backend>-<time>)"
+    )
+    ap.add_argument("--bin", type=Path, help="folder with a built llama-bench (skips the build)")
+    ap.add_argument(
+        "--src",
+        type=Path,
+        help="an exported patched llama.cpp tree (default: tools/patches.py export)",
+    )
+    ap.add_argument("--build-dir", type=Path, help="build folder (default: build/bench-<backend>)")
+    ap.add_argument("--jobs", type=int, help="build jobs (default: 2 on cpu, all cores on cuda)")
+    ap.add_argument("--targets", default=",".join(TARGETS), help="tools to build")
+    ap.add_argument(
+        "--fa-all-quants", action="store_true", help="CUDA: build FA kernels for mixed K/V types"
+    )
+    ap.add_argument(
+        "--models",
+        help="comma list: smollm2, llama8b, mimo, llama-tiny, mimo-tiny "
+        "(default: smollm2 on cpu; llama8b,mimo on cuda)",
+    )
+    ap.add_argument(
+        "--model-dir", type=Path, help="where synthetic models are written (default: <out>/models)"
+    )
+    ap.add_argument(
+        "--tokenizer-from", help="GGUF to copy tokenizer metadata from (synthetic models)"
+    )
+    ap.add_argument("--depths", help="comma list (default: 0,4096 on cpu; 0,8192,32768 on cuda)")
+    ap.add_argument(
+        "-p", type=int, help="prompt tokens (pp test; default 512 cpu, 2048 cuda; 0: none)"
+    )
+    ap.add_argument("-n", type=int, help="generated tokens (tg test; default 128; 0: none)")
+    ap.add_argument("-r", "--reps", type=int, help="repetitions (default 3 cpu, 2 cuda)")
+    ap.add_argument("-t", "--threads", type=int, help="threads (default 2 on cpu)")
+    ap.add_argument(
+        "--configs", help="comma list of config keys to run (e.g. fa-off_f16-f16,fa-off_q4_0-q4_0)"
+    )
+    ap.add_argument(
+        "--model-configs",
+        action="append",
+        default=[],
+        metavar="MODEL=KEYS",
+        help="restrict one model to these config keys (comma list); repeatable",
+    )
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds from start after which remaining configs are "
+        "skipped (reported as such); results are written after "
+        "every config either way",
+    )
+    ap.add_argument(
+        "--pack-logs", action="store_true", help="tar.xz the logs folder into logs.tar.xz"
+    )
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per llama-bench invocation")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the whole matrix this many times (interleaved), report the mean: evens out "
+        "background load on a shared machine",
+    )
+    ap.add_argument("--extra", default="", help="extra llama-bench arguments (quoted)")
+    a = ap.parse_args(argv)
+
+    cpu = a.backend == "cpu"
+    a.depths = [int(x) for x in (a.depths or ("0,4096" if cpu else "0,8192,32768")).split(",")]
+    a.p = a.p if a.p is not None else (512 if cpu else 2048)
+    a.n = a.n if a.n is not None else 128
+    a.reps = a.reps or (3 if cpu else 2)
+    a.threads = a.threads or (2 if cpu else None)
+    a.extra = shlex.split(a.extra)
+    models = (a.models or ("smollm2" if cpu else "llama8b,mimo")).split(",")
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = a.out or (HERE / "out" / f"{a.backend}-{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = out / "logs"
+    log_dir.mkdir(exist_ok=True)
+    t_start = time.time()
+
+    if a.bin:
+        bin_dir = a.bin
+        cfg = bin_dir.parent / "_build_config.json"
+        BUILT_FROM["prebuilt"] = str(bin_dir)
+        if cfg.exists():
+            BUILT_FROM["build_config"] = json.loads(cfg.read_text())
+    else:
+        build_dir = a.build_dir or (REPO / "build" / f"bench-{a.backend}")
+        jobs = a.jobs or (2 if cpu else (os.cpu_count() or 4))
+        bin_dir = build_tools(
+            a.backend, a.src, build_dir, jobs, a.fa_all_quants, a.targets.split(",")
+        )
+    bench = bin_dir / "llama-bench"
+    if not bench.exists():
+        raise SystemExit(f"{bench} not found")
+
+    if a.src and not os.environ.get("LLAMA_VQ_GGUF_PY") and (a.src / "gguf-py").is_dir():
+        os.environ["LLAMA_VQ_GGUF_PY"] = str(a.src / "gguf-py")
+    model_paths = prepare_models(models, a.model_dir or (out / "models"), a.tokenizer_from)
+
+    configs, skipped = default_configs(a.backend, a.fa_all_quants)
+    if a.configs:
+        want = set(a.configs.split(","))
+        configs = [c for c in configs if c.key in want]
+        skipped = [s for s in skipped if s["config"] in want]
+
+    per_model = {}
+    for spec in a.model_configs:
+        name, _, keys = spec.partition("=")
+        per_model[name] = set(keys.split(","))
+
+    records: list[dict] = []
+    statuses: list[dict] = []
+    for name in model_paths:
+        for s in skipped:
+            if name not in per_model or s["config"] in per_model[name]:
+                statuses.append(dict(s, model=name))
+    results = {}
+
+    def save() -> None:
+        results.update(
+            backend=a.backend,
+            date_utc=stamp,
+            command=shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv),
+            machine=mach,
+            provenance=prov,
+            built_from=BUILT_FROM,
+            params=dict(
+                depths=a.depths,
+                n_prompt=a.p,
+                n_gen=a.n,
+                reps=a.reps,
+                threads=a.threads,
+                rounds=a.rounds,
+            ),
+            models=models_info,
+            statuses=statuses,
+            records=records,
+            wall_s=round(time.time() - t_start, 1),
+        )
+        try:
+            results["machine"]["loadavg_now"] = [round(x, 2) for x in os.getloadavg()]
+        except OSError:
+            pass
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+
+    models_info = {k: dict(path=str(v), **report.model_bytes(v)) for k, v in model_paths.items()}
+    mach, prov = machine_info(a.backend), provenance()
+    for rnd in range(a.rounds):
+        for name, path in model_paths.items():
+            for cfg in configs:
+                if name in per_model and cfg.key not in per_model[name]:
+                    continue
+                if a.deadline and time.time() - t_start > a.deadline:
+                    statuses.append(
+                        dict(
+                            model=name,
+                            config=cfg.key,
+                            fa=cfg.fa,
+                            type_k=cfg.type_k,
+                            type_v=cfg.type_v,
+                            status="skipped",
+                            round=rnd,
+                            reason=f"time budget ({a.deadline:.0f} s) spent",
+                        )
+                    )
+                    continue
+                recs, st = run_config(bench, path, name, cfg, a, log_dir)
+                for r in recs:
+                    r["_round"] = rnd
+                st["round"] = rnd
+                records += recs
+                statuses.append(st)
+                save()
+    save()
+    report.write_all(results, out)
+    if a.pack_logs:
+        subprocess.run(
+            ["tar", "-cJf", str(out / "logs.tar.xz"), "-C", str(out), "logs"], check=False
+        )
+        shutil.rmtree(log_dir, ignore_errors=True)
+    print(f"[bench] done in {results['wall_s']} s: {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
