@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The CUDA benchmark as one call on a GPU machine that cannot fetch anything.
+#
+# Here:   python3 benchmarks/carry.py .bench-carry      (patched tree + gguf-py + vocab, ~30 MB,
+#                                                        in a folder .git/info/exclude ignores)
+# There:  OUT=<results folder> bash benchmarks/cuda_device.sh [extra run.py arguments]
+#
+# Builds llama-bench for sm_90 from the carried patched tree, generates the synthetic models in
+# /tmp while it compiles, runs the matrix under a time budget (DEADLINE seconds from the start;
+# configs not started by then are reported as skipped) and leaves results.json, results.md,
+# tok_s_vs_depth.png, logs.tar.xz, build.log and run.log in $OUT.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+C=${CARRY:-$here/.bench-carry}
+: "${OUT:?set OUT to the results folder}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
+export LLAMA_VQ_GGUF_PY=$C/gguf-py PYTHONUNBUFFERED=1
+python3 "$here/benchmarks/run.py" --backend cuda --src "$C/llama.cpp" --build-dir /tmp/bench-build \
+    --jobs "$(nproc)" --targets llama-bench --tokenizer-from "$C/vocab.gguf" --model-dir /tmp/models \
+    --out "$OUT" --pack-logs --deadline "${DEADLINE:-400}" --timeout "${CONFIG_TIMEOUT:-90}" "$@" \
+    2>&1 | tee "$OUT/run.log"
