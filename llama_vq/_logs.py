@@ -1,7 +1,9 @@
 """Keep llama.cpp's recent log lines so that refusals surface with llama.cpp's own reason.
 
 Replaces llama_cpp's log callback with one that records every line in a bounded buffer and then
-prints exactly as llama_cpp's does (stderr, filtered by the llama-cpp-python logger's level).
+prints to stderr when the llama-cpp-python logger's level lets it through (``verbose=True``: all;
+``verbose=False``: errors). llama-cpp-python 0.3.36 maps ggml's log levels from an older ggml.h
+(its ERROR is ggml's WARN), which would hide llama.cpp's errors; we use the pinned ggml.h values.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import threading
 import llama_cpp
 from llama_cpp import _logger as _lc_logger
 
-_LEVEL_ERROR, _LEVEL_CONT = 3, 5
+# enum ggml_log_level at the pinned commit
+_LEVEL_ERROR, _LEVEL_CONT = 4, 5
+_TO_LOGGING = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _lock = threading.Lock()
 _lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=400)
 _last_level = 1
@@ -34,7 +38,7 @@ def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         else:
             _lines.append((eff, s))
     _last_level = eff
-    mapped = _lc_logger.GGML_LOG_LEVEL_TO_LOGGING_LEVEL.get(level, logging.DEBUG)
+    mapped = _TO_LOGGING.get(eff, logging.DEBUG)
     if _lc_logger.logger.level <= mapped:
         print(s, end="", flush=True, file=sys.stderr)
 

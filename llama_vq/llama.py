@@ -154,6 +154,11 @@ class Llama(llama_cpp.Llama):
         self._vq_flash_attn_requested = fa
         self._vq_flash_attn = self._resolved_flash_attn(cap.text(), fa)
 
+    def close(self) -> None:
+        # llama_cpp.Llama.close() assumes its __init__ ran; ours may refuse before calling it.
+        if hasattr(self, "_stack"):
+            super().close()
+
     @staticmethod
     def _resolved_flash_attn(log: str, requested: int) -> bool:
         if requested != FLASH_ATTN_AUTO:

@@ -98,20 +98,36 @@ def test_quantized_v_without_flash_attn_is_refused_clearly_without_the_v_patch(l
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
 
 
-def _last_logits(llm, prompt: str = PROMPT) -> np.ndarray:
+def _prompt_logits(llm, prompt: str = PROMPT) -> np.ndarray:
     toks = llm.tokenize(prompt.encode())
     llm.reset()
     llm.eval(toks)
-    return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+    return np.array(llm.scores[: llm.n_tokens], dtype=np.float64)
+
+
+def _mean_kl(ref: np.ndarray, out: np.ndarray) -> float:
+    p = np.exp(ref - ref.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    q = np.exp(out - out.max(-1, keepdims=True))
+    q /= q.sum(-1, keepdims=True)
+    return float(np.mean(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30)), axis=-1)))
 
 
 @pytest.fixture(scope="module")
 def reference_logits(llama_vq, smollm2_path):
     llm = llama_vq.Llama(str(smollm2_path), n_ctx=256, type_k="f16", type_v="f16", flash_attn=False,
                          logits_all=True, verbose=False, n_threads=2)
-    out = _last_logits(llm)
+    out = _prompt_logits(llm)
     llm.close()
     return out
+
+
+# Mean KL (nats, over every prompt position) against f16 K/V without flash attention, and top-1 agreement.
+# Measured on the CI-class CPU (2-core AMD EPYC, AVX2), SmolLM2-135M Q4_1: f16 with FA on 0.0032;
+# q4_0 K 0.036 (FA off) and 0.053 (FA on), top-1 0.947 / 0.895. q4_0 K is lossy by design, so its bound
+# is wider; both bounds leave ~2-3x headroom over the measurement for other SIMD paths.
+KL_BOUND = {"f16": 0.01, "q4_0": 0.12}
+TOP1_MIN = {"f16": 0.99, "q4_0": 0.85}
 
 
 @pytest.mark.parametrize("type_k", ["f16", "q4_0"])
@@ -121,14 +137,11 @@ def test_generation_runs_with_flash_attn_on_and_off(llama_vq, smollm2_path, refe
                          logits_all=True, verbose=False, n_threads=2, seed=1)
     assert llm.flash_attn is flash_attn
     assert llm.cache_types == (type_k, "f16")
-    logits = _last_logits(llm)
-    # Same model, same prompt: FA and q4_0 K only change rounding. The top token must agree with the
-    # f16/non-FA reference and the distributions must be close (KL < 0.02 nats: q4_0 K measured ~1e-3).
-    assert int(np.argmax(logits)) == int(np.argmax(reference_logits))
-    p = np.exp(reference_logits - reference_logits.max()); p /= p.sum()
-    q = np.exp(logits - logits.max()); q /= q.sum()
-    kl = float(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30))))
-    assert kl < 0.02, kl
+    logits = _prompt_logits(llm)
+    assert logits.shape == reference_logits.shape
+    assert _mean_kl(reference_logits, logits) < KL_BOUND[type_k]
+    top1 = float(np.mean(np.argmax(logits, -1) == np.argmax(reference_logits, -1)))
+    assert top1 >= TOP1_MIN[type_k], top1
     out = llm.create_completion(PROMPT, max_tokens=6, temperature=0.0)
     assert out["choices"][0]["text"].strip(), out
     llm.close()
