@@ -634,10 +634,11 @@ def main(argv: list[str] | None = None) -> int:
     save()
     report.write_all(results, out)
     if a.pack_logs:
-        subprocess.run(
-            ["tar", "-cJf", str(out / "logs.tar.xz"), "-C", str(out), "logs"], check=False
-        )
-        shutil.rmtree(log_dir, ignore_errors=True)
+        for flag, name in (("-cJf", "logs.tar.xz"), ("-czf", "logs.tar.gz")):
+            tar = ["tar", flag, str(out / name), "-C", str(out), "logs"]
+            if subprocess.run(tar, check=False).returncode == 0:
+                shutil.rmtree(log_dir, ignore_errors=True)
+                break
     print(f"[bench] done in {results['wall_s']} s: {out}", flush=True)
     return 0
 
