@@ -184,6 +184,8 @@ def markdown(res: dict) -> str:
         f"(llama-cpp-python {prov.get('llama_cpp_python', '?')}) + patches: {series}{dirty}; "
         f"repo {prov.get('repo_commit', '?')}"
     )
+    if prov.get("note"):
+        lines.append(f"- Note: {prov['note']}")
     bf = res.get("built_from", {})
     if bf.get("prebuilt"):
         bpatches = (bf.get("build_config") or {}).get("patches")
