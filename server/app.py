@@ -28,15 +28,19 @@ from .settings import Settings
 log = logging.getLogger("llama_vq.server")
 
 
-def create_app(settings: Settings, engine: Engine, metrics: Metrics) -> FastAPI:
-    """The app for one engine. Its lifespan starts the engine (model load) and shuts it down."""
+def create_app(
+    settings: Settings, engine: Engine, metrics: Metrics, *, manage_engine: bool = True
+) -> FastAPI:
+    """The app for one engine. With manage_engine, its lifespan starts the engine (model load) and
+    shuts it down; without, the caller does (tests that run many lifespans on one engine)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if engine.status == "loading" and not engine._thread.is_alive():
+        if manage_engine and engine.status == "loading" and not engine._thread.is_alive():
             engine.start()
         yield
-        await asyncio.to_thread(engine.shutdown)  # waits for the worker: keep the loop free
+        if manage_engine:
+            await asyncio.to_thread(engine.shutdown)  # waits for the worker: keep the loop free
 
     app = FastAPI(
         title="llama-vq-server",

@@ -141,9 +141,17 @@ def _served_class(base: type) -> type:
             job = engine._current
             engine._before_generate(self, job, tokens)
             inner = super().generate(tokens, *args, **kwargs)
+            n_ctx = self.n_ctx()
             try:
                 sent = None
+                first = True
                 while not job.cancelled:
+                    # llama_cpp's max_tokens check is skipped while a multi-byte character is
+                    # incomplete, so it can ask for one token more than the context holds
+                    # (llama_decode then fails): stop when the next token has no cell left.
+                    if not first and self.n_tokens >= n_ctx:
+                        return
+                    first = False
                     try:
                         token = inner.send(sent)
                     except StopIteration:

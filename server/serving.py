@@ -95,8 +95,12 @@ class Serving:
                     raise errors.not_supported(f"messages[{i}].content", "image input")
                 texts.append(part.text)
             out["content"] = "\n".join(texts)
-        else:
+        elif m.content is not None:
             out["content"] = m.content
+        else:
+            # Chat templates concatenate content as a string; only an assistant message that calls
+            # tools may really have none.
+            out["content"] = None if m.role == "assistant" and m.tool_calls else ""
         if m.name is not None:
             out["name"] = m.name
         if m.tool_calls:

@@ -156,15 +156,17 @@ def test_same_seed_same_sample_at_temperature_one(client):
 def test_json_object_response_format_gives_parseable_json(client):
     r = client.chat.completions.create(
         model="smol",
-        messages=[{"role": "user", "content": "Give a JSON object with a name."}],
+        messages=[
+            {
+                "role": "user",
+                "content": "Return a JSON object describing a cat with keys name and age.",
+            }
+        ],
         response_format={"type": "json_object"},
-        max_tokens=48,
+        max_tokens=64,
         temperature=0,
     )
-    if r.choices[0].finish_reason == "length":
-        pytest.skip(
-            "the model did not close its object in 48 tokens (grammar only constrains form)"
-        )
+    assert r.choices[0].finish_reason == "stop"  # the grammar lets the model close its object
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
@@ -369,17 +371,34 @@ def test_openapi_schema_documents_400_not_422(http):
 
 # ---- tools with a chat format that renders them ---------------------------------------------------
 
-WEATHER = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather of a city",
-    "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
-                   "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}}}}]
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "additionalProperties": False,
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            },
+        },
+    }
+]
 FORCE = {"type": "function", "function": {"name": "get_weather"}}
 
 
 @pytest.fixture(scope="module")
 def tool_client(smollm2_path, tmp_path_factory):
-    s = ServerProcess(smollm2_path, "--chat-format", "chatml-function-calling", "--alias", "smol",
-                      log_dir=tmp_path_factory.mktemp("tools"))
+    s = ServerProcess(
+        smollm2_path,
+        "--chat-format",
+        "chatml-function-calling",
+        "--alias",
+        "smol",
+        log_dir=tmp_path_factory.mktemp("tools"),
+    )
     try:
         s.wait_ready()
         yield openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -389,8 +408,13 @@ def tool_client(smollm2_path, tmp_path_factory):
 
 def test_forced_tool_choice_returns_a_tool_call_with_schema_valid_arguments(tool_client):
     r = tool_client.chat.completions.create(
-        model="smol", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=WEATHER,
-        tool_choice=FORCE, max_tokens=32, temperature=0)
+        model="smol",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=WEATHER,
+        tool_choice=FORCE,
+        max_tokens=32,
+        temperature=0,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -399,9 +423,17 @@ def test_forced_tool_choice_returns_a_tool_call_with_schema_valid_arguments(tool
 
 
 def test_forced_tool_choice_streams_tool_call_deltas(tool_client):
-    chunks = list(tool_client.chat.completions.create(
-        model="smol", messages=[{"role": "user", "content": "Weather in Rome?"}], tools=WEATHER,
-        tool_choice=FORCE, max_tokens=32, temperature=0, stream=True))
+    chunks = list(
+        tool_client.chat.completions.create(
+            model="smol",
+            messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=WEATHER,
+            tool_choice=FORCE,
+            max_tokens=32,
+            temperature=0,
+            stream=True,
+        )
+    )
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas and deltas[0].function.name == "get_weather"
     args = "".join(d.function.arguments or "" for d in deltas)
