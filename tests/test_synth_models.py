@@ -1,6 +1,7 @@
 """tools/synth_models.py: synthetic GGUF models that the pinned llama.cpp loads and runs.
 
-CPU cost: two tiny models written (~1 s each) and loaded, a few short evaluations (~2 s total).
+CPU cost: two tiny models written and loaded, a few short evaluations: ~7 s of CPU, ~12 s wall on
+an idle 2-core machine.
 """
 
 from __future__ import annotations
