@@ -27,6 +27,10 @@ class _Model(_internals.LlamaModel):
             adjust(params)
         super().__init__(path_model=path_model, params=params, verbose=verbose)
 
+    def close(self) -> None:
+        if hasattr(self, "_exit_stack"):  # an adjustment may refuse before the base __init__ ran
+            super().close()
+
 
 class _Context(_internals.LlamaContext):
     def __init__(self, *, model: Any, params: Any, verbose: bool = True) -> None:
@@ -34,6 +38,10 @@ class _Context(_internals.LlamaContext):
         if adjust is not None:
             adjust(params)
         super().__init__(model=model, params=params, verbose=verbose)
+
+    def close(self) -> None:
+        if hasattr(self, "_exit_stack"):
+            super().close()
 
 
 def install() -> None:

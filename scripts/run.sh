@@ -62,7 +62,7 @@ setup() {
     fi
     log "llama-vq ready in $((SECONDS - t0)) s"
 
-    "$py" -m llama_vq.models fetch >/dev/null
+    "$py" -c "import llama_vq; llama_vq.default_model_path()"
 }
 
 cmd=${1:-}
