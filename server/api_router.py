@@ -34,9 +34,18 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     429: {**_ERR, "description": "Queue full (--max-queue); see Retry-After"},
     503: {**_ERR, "description": "Model loading, failed to load, or server shutting down"},
 }
+# One Server-Sent Event: ``data`` is a JSON chunk, or "[DONE]" as the last event.
 _SSE = {
     "text/event-stream": {
-        "schema": {"type": "string"},
+        "schema": {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "data": {"type": "string"},
+                "event": {"type": "string"},
+                "id": {"type": "string"},
+            },
+        },
         "example": "data: {...}\n\ndata: [DONE]\n\n",
     }
 }

@@ -286,7 +286,10 @@ class Engine:
             chat_format=s.chat_format,
             verbose=s.verbose,
         )
-        kv = llm.kv_cache_info()
+        try:
+            kv = llm.kv_cache_info()
+        except RuntimeError:  # recurrent / hybrid memory: no plain KV cache to report
+            kv = llama_vq.KVCacheInfo(s.cache_type_k, s.cache_type_v, 0, 0, 0)
         n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
         template = str(llm.metadata.get("tokenizer.chat_template", ""))
         if s.chat_format:

@@ -369,7 +369,7 @@ def test_openapi_schema_documents_400_not_422(http):
     assert "400" in op["responses"] and "422" not in op["responses"]
 
 
-# ---- tools with a chat format that renders them ---------------------------------------------------
+# ---- tools with a chat format that renders them ----------------------------------------------
 
 WEATHER = [
     {
