@@ -167,17 +167,24 @@ N_LAYER, N_EMBD_KV = 30, 192
 BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
-def test_state_files_shrink_by_the_cache_type_ratio(smollm2_path, tmp_path, record_property):
+def test_state_files_shrink_by_the_cache_type_ratio(smollm2_path, tmp_path, record_property, build):
     """KV payload = fixed part + n_tokens x layers x 192 x bytes per value, for K and for V.
 
-    q4_0 V without flash attention needs the V patch; with flash attention it runs on any build
-    (the same q4_0 bytes on disk), so the sizes are measured with flash attention on.
+    Measured with flash attention on (any build); with the V patch in the build, q8_0 K / q4_0 V
+    with flash attention off too, which must write exactly as many KV bytes.
     """
-    configs = [("f16", "f16"), ("f16", "q8_0"), ("f16", "q4_0"), ("q8_0", "q4_0")]
+    configs = [
+        ("f16", "f16", "on"),
+        ("f16", "q8_0", "on"),
+        ("f16", "q4_0", "on"),
+        ("q8_0", "q4_0", "on"),
+    ]
+    if build.nonfa_quantized_v:
+        configs.append(("q8_0", "q4_0", "off"))
     payload, files = {}, {}
     n_tokens = 0
-    for k, v in configs:
-        d = tmp_path / f"{k}-{v}"
+    for k, v, fa in configs:
+        d = tmp_path / f"{k}-{v}-{fa}"
         s = ServerProcess(
             smollm2_path,
             "--state-dir",
@@ -188,7 +195,7 @@ def test_state_files_shrink_by_the_cache_type_ratio(smollm2_path, tmp_path, reco
             "-ctv",
             v,
             "-fa",
-            "on",
+            fa,
             log_dir=tmp_path,
         )
         try:
@@ -200,21 +207,23 @@ def test_state_files_shrink_by_the_cache_type_ratio(smollm2_path, tmp_path, reco
             s.stop()
         (f,) = _files(d)
         header, _, _ = read_header(f, json.loads(_raw_header(f))["identity"])
-        payload[(k, v)], files[(k, v)] = header["payload_bytes"], f.stat().st_size
+        payload[(k, v, fa)], files[(k, v, fa)] = header["payload_bytes"], f.stat().st_size
     shown = {
-        f"K {k} / V {v}": f"{files[(k, v)]} B file, {payload[(k, v)]} B KV" for k, v in configs
+        f"K {k} / V {v} / FA {fa}": f"{files[c]} B file, {payload[c]} B KV"
+        for c in configs
+        for k, v, fa in [c]
     }
     record_property("state_files", shown)
-    print(
-        f"\nstate files for {n_tokens} prompt tokens (SmolLM2-135M, CPU, flash attention on):",
-        shown,
-    )
+    print(f"\nstate files for {n_tokens} prompt tokens (SmolLM2-135M, CPU):", shown)
     per_tok = {t: n_tokens * N_LAYER * N_EMBD_KV * b for t, b in BYTES_PER_VALUE.items()}
+    p = {(k, v): payload[(k, v, "on")] for k, v, fa in configs if fa == "on"}
     # Exact: the V part shrinks by the per-value bytes; K and the fixed part are unchanged.
-    assert payload[("f16", "f16")] - payload[("f16", "q4_0")] == per_tok["f16"] - per_tok["q4_0"]
-    assert payload[("f16", "f16")] - payload[("f16", "q8_0")] == per_tok["f16"] - per_tok["q8_0"]
-    assert payload[("f16", "q4_0")] - payload[("q8_0", "q4_0")] == per_tok["f16"] - per_tok["q8_0"]
-    # The file adds a header of a few hundred bytes (identity, checksums) and the token ids.
-    for key in configs:
-        assert 0 < files[key] - payload[key] - 4 * n_tokens < 1024
+    assert p[("f16", "f16")] - p[("f16", "q4_0")] == per_tok["f16"] - per_tok["q4_0"]
+    assert p[("f16", "f16")] - p[("f16", "q8_0")] == per_tok["f16"] - per_tok["q8_0"]
+    assert p[("f16", "q4_0")] - p[("q8_0", "q4_0")] == per_tok["f16"] - per_tok["q8_0"]
+    if ("q8_0", "q4_0", "off") in payload:  # the V patch stores q4_0 V row-major: same bytes
+        assert payload[("q8_0", "q4_0", "off")] == p[("q8_0", "q4_0")]
+    # The file adds a header (identity with the patch list, checksums) and 4 bytes per token id.
+    for c in configs:
+        assert 0 < files[c] - payload[c] - 4 * n_tokens < 4096
     assert round(per_tok["f16"] / per_tok["q4_0"], 2) == 3.56  # the V part: 2 bytes vs 18/32
