@@ -189,10 +189,17 @@ def markdown(res: dict) -> str:
     bf = res.get("built_from", {})
     if bf.get("prebuilt"):
         bpatches = (bf.get("build_config") or {}).get("patches")
-        lines.append(
-            f"- Tools: prebuilt ({bf['prebuilt']}); patches built in: "
-            f"{', '.join(bpatches) if bpatches else 'unknown (no _build_config.json)'}"
-        )
+        if bpatches:
+            built = ", ".join(bpatches)
+        elif "series_matches_current" in bf:
+            built = (
+                "the series above (tree exported by run.py)"
+                if bf["series_matches_current"]
+                else "an OLDER series than the one above"
+            )
+        else:
+            built = "unknown (no _build_config.json)"
+        lines.append(f"- Tools: prebuilt ({bf['prebuilt']}); patches built in: {built}")
     elif bf:
         lines.append("- Tools: built by this run from the exported patched tree (the series above)")
     lines.append(f"- Command: `{res.get('command', '')}`")

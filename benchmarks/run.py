@@ -146,6 +146,13 @@ def provenance() -> dict:
 # build
 
 
+def _series_digest() -> str:
+    sys.path.insert(0, str(REPO / "tools"))
+    import patches  # noqa: PLC0415
+
+    return patches.series_digest()
+
+
 def build_tools(
     backend: str,
     src: Path | None,
@@ -536,6 +543,10 @@ def main(argv: list[str] | None = None) -> int:
         BUILT_FROM["prebuilt"] = str(bin_dir)
         if cfg.exists():
             BUILT_FROM["build_config"] = json.loads(cfg.read_text())
+        # a tree exported by an earlier run.py build: does it match the current series?
+        stamp = bin_dir.parent.parent / "llama.cpp-patched" / ".llama-vq-series"
+        if stamp.exists():
+            BUILT_FROM["series_matches_current"] = stamp.read_text().strip() == _series_digest()
     else:
         build_dir = a.build_dir or (REPO / "build" / f"bench-{a.backend}")
         jobs = a.jobs or (2 if cpu else (os.cpu_count() or 4))
@@ -596,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             results["machine"]["loadavg_now"] = [round(x, 2) for x in os.getloadavg()]
         except OSError:
             pass
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
     models_info = {k: dict(path=str(v), **report.model_bytes(v)) for k, v in model_paths.items()}
     mach, prov = machine_info(a.backend), provenance()
