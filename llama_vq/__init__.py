@@ -26,6 +26,7 @@ from .errors import (  # noqa: E402
     ModelLoadError,
     TensorOverrideError,
 )
+from ._validate import check_config  # noqa: E402
 from .llama import KVCacheInfo, Llama  # noqa: E402
 from .models import default_model_path  # noqa: E402
 
@@ -49,6 +50,7 @@ __all__ = [
     "ModelLoadError",
     "TensorOverrideError",
     "build_info",
+    "check_config",
     "default_model_path",
     "parse_cache_type",
     "parse_flash_attn",

@@ -39,3 +39,19 @@ def check_cache_config(model_path: str | Path, type_k: CacheType, type_v: CacheT
                     f"{name}={t.name!r} needs head sizes divisible by its block size {t.block_size}; "
                     f"this model's {what} head size is {h}: {_fix_for(h)}"
                 )
+
+
+def check_config(model_path: str | Path, *, type_k: str | int | CacheType | None = None,
+                 type_v: str | int | CacheType | None = None, flash_attn: bool | str | int = False) -> None:
+    """Check a cache/attention configuration against a model's metadata and this build, loading nothing.
+
+    The same checks ``Llama(...)`` runs before any native call. Raises CacheConfigError (a ValueError)
+    whose message names the value, the constraint and the fix.
+    """
+    from ._build import build_info
+    from .cache_types import parse_cache_type, parse_flash_attn
+
+    tk = parse_cache_type("f16" if type_k is None else type_k, param="type_k")
+    tv = parse_cache_type("f16" if type_v is None else type_v, param="type_v")
+    fa = parse_flash_attn(flash_attn)
+    check_cache_config(model_path, tk, tv, fa, nonfa_quantized_v=build_info().nonfa_quantized_v)

@@ -555,16 +555,11 @@ def check_against_model(s: Settings, model: Path) -> None:
     """
     try:
         import llama_vq  # noqa: PLC0415
-        from llama_vq._validate import check_cache_config  # noqa: PLC0415
     except ImportError:
         return
     try:
-        tk = llama_vq.parse_cache_type(s.cache_type_k, param="--cache-type-k")
-        tv = llama_vq.parse_cache_type(s.cache_type_v, param="--cache-type-v")
-        fa = llama_vq.parse_flash_attn(s.flash_attn)
-        check_cache_config(
-            model, tk, tv, fa, nonfa_quantized_v=llama_vq.build_info().nonfa_quantized_v
-        )
+        llama_vq.check_config(model, type_k=s.cache_type_k, type_v=s.cache_type_v,
+                              flash_attn=s.flash_attn)
     except llama_vq.ConfigError as e:
         raise SettingsError(str(e)) from None
     if s.chat_format is not None:
