@@ -544,9 +544,10 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.exists():
             BUILT_FROM["build_config"] = json.loads(cfg.read_text())
         # a tree exported by an earlier run.py build: does it match the current series?
-        stamp = bin_dir.parent.parent / "llama.cpp-patched" / ".llama-vq-series"
-        if stamp.exists():
-            BUILT_FROM["series_matches_current"] = stamp.read_text().strip() == _series_digest()
+        series_stamp = bin_dir.parent.parent / "llama.cpp-patched" / ".llama-vq-series"
+        if series_stamp.exists():
+            current = _series_digest()
+            BUILT_FROM["series_matches_current"] = series_stamp.read_text().strip() == current
     else:
         build_dir = a.build_dir or (REPO / "build" / f"bench-{a.backend}")
         jobs = a.jobs or (2 if cpu else (os.cpu_count() or 4))
