@@ -139,3 +139,14 @@ def test_vendored_tree_is_pristine_and_stamped():
     assert vendor_tool.is_current(pin)
     # llama.cpp's own llama.h is the pristine one: our API addition lives only in patches/
     assert "llama_kv_cache_size" not in (_pin.VENDOR / "include" / "llama.h").read_text()
+
+
+def test_every_installed_tool_finds_its_shared_libraries(build, llama_vq):
+    if not build.tools:
+        pytest.skip("built without tools (LLAMA_VQ_BUILD_TOOLS=OFF)")
+    if not shutil.which("ldd"):
+        pytest.skip("ldd is not installed")
+    bin_dir = Path(llama_vq.__file__).parent / "bin"
+    for tool in build.tools:
+        out = subprocess.run(["ldd", str(bin_dir / tool)], capture_output=True, text=True).stdout
+        assert "not found" not in out, f"{tool}:\n{out}"
