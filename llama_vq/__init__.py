@@ -15,6 +15,7 @@ _bind()
 
 from . import _hooks, _logs  # noqa: E402  (after the binding: these import llama_cpp)
 from ._build import BuildInfo, build_info  # noqa: E402
+from ._validate import check_config  # noqa: E402
 from .cache_types import CACHE_TYPES, CacheType, parse_cache_type, parse_flash_attn  # noqa: E402
 from .errors import (  # noqa: E402
     BindingError,
@@ -26,7 +27,6 @@ from .errors import (  # noqa: E402
     ModelLoadError,
     TensorOverrideError,
 )
-from ._validate import check_config  # noqa: E402
 from .llama import KVCacheInfo, Llama  # noqa: E402
 from .models import default_model_path  # noqa: E402
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ class BuildInfo:
     patches: list[str]
     tools: list[str]
     system_info: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nonfa_quantized_v(self) -> bool:

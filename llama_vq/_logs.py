@@ -59,19 +59,18 @@ class Capture:
         with _lock:
             self.lines = list(_lines)
 
-    def text(self) -> str:
-        lines = getattr(self, "lines", None)
+    def _snapshot(self) -> list[tuple[int, str]]:
+        lines = getattr(self, "lines", None)  # set on exit; live view inside the block
         if lines is None:
             with _lock:
                 lines = list(_lines)
-        return "".join(s for _, s in lines)
+        return lines
+
+    def text(self) -> str:
+        return "".join(s for _, s in self._snapshot())
 
     def errors(self) -> list[str]:
-        lines = getattr(self, "lines", None)
-        if lines is None:
-            with _lock:
-                lines = list(_lines)
-        return [s.strip() for lvl, s in lines if lvl == _LEVEL_ERROR and s.strip()]
+        return [s.strip() for lvl, s in self._snapshot() if lvl == _LEVEL_ERROR and s.strip()]
 
 
 _REASON_SKIP = re.compile(r"failed to (initialize|create) (the )?(llama_)?context\s*$|^\s*$")

@@ -148,7 +148,10 @@ def test_generation_runs_with_flash_attn_on_and_off(llama_vq, smollm2_path, refe
 
 
 def _reported_kv_mib(log: str) -> list[tuple[int, float, float]]:
-    rx = re.compile(r"llama_kv_cache: size = +[\d.]+ MiB \( *(\d+) cells.*K \(\w+\): +([\d.]+) MiB, V \(\w+\): +([\d.]+) MiB")
+    rx = re.compile(
+        r"llama_kv_cache: size = +[\d.]+ MiB \( *(\d+) cells"
+        r".*K \(\w+\): +([\d.]+) MiB, V \(\w+\): +([\d.]+) MiB"
+    )
     return [(int(c), float(k), float(v)) for c, k, v in rx.findall(log)]
 
 

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 import _pin  # noqa: E402
+
 import patches as patch_tool  # noqa: E402
 import vendor as vendor_tool  # noqa: E402
 
