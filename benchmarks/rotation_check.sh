@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Diagnostic, one call on a CUDA machine: how much of the quantized caches' decode cost is llama.cpp's Hadamard
+# rotation of quantized K/V (on by default; LLAMA_ATTN_ROT_DISABLE=1 turns it off) rather than the attention kernels.
+# An 8-layer Llama-3.1-8B-shaped model (generated there), FA off, tg64 at depths 0 and 8192, -r 3; then the OUT_PROD
+# checks against the CPU. Here: python3 benchmarks/carry.py .bench-carry ...; there: OUT=<folder> bash benchmarks/rotation_check.sh
+set -u
+C=$PWD/.bench-carry
+export CUDA_VISIBLE_DEVICES=0 LLAMA_VQ_GGUF_PY=$C/gguf-py PYTHONUNBUFFERED=1
+t0=$(date +%s); log() { echo "[rot $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/rot.txt"; }
+mkdir -p /tmp/m
+nice -n 5 python3 tools/synth_models.py llama /tmp/m/tmp.gguf --preset llama-3.1-8b --n-layer 8 \
+    --tokenizer-from "$C/vocab.gguf" > "$OUT/gen.log" 2>&1 && mv /tmp/m/tmp.gguf /tmp/m/l8.gguf &
+log build
+python3 benchmarks/run.py --backend cuda --src "$C/llama.cpp" --build-dir /tmp/b --jobs 16 \
+    --targets llama-bench,test-backend-ops --cuda-fa off --build-only > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+B=/tmp/b/build/bin
+log built
+wait
+ls -la /tmp/m | tee -a "$OUT/rot.txt"
+bench() { # label ctk ctv env...
+    local label=$1 k=$2 v=$3; shift 3
+    env "$@" X=1 "$B/llama-bench" -m /tmp/m/l8.gguf -ngl 99 -fa 0 -p 0 -n 64 -d 0,8192 -r 3 -ctk "$k" -ctv "$v" -o jsonl 2>/dev/null \
+      | python3 -c "import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" | tee -a "$OUT/rot.txt"
+}
+bench rot-default f16 f16
+bench rot-default q4_0 q4_0
+bench rot-off q4_0 q4_0 LLAMA_ATTN_ROT_DISABLE=1
+bench rot-off q8_0 q8_0 LLAMA_ATTN_ROT_DISABLE=1
+bench rot-default q8_0 q8_0
+bench rot-off q4_0 f16 LLAMA_ATTN_ROT_DISABLE=1
+bench rot-default f16 f16
+log tests
+"$B/test-backend-ops" test -j 8 -b CUDA0 -o OUT_PROD > "$OUT/tbo.log" 2>&1; grep -E "tests passed|FAIL" "$OUT/tbo.log" | tail -3 | tee -a "$OUT/rot.txt"
+log done
