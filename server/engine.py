@@ -23,6 +23,7 @@ import asyncio
 import collections
 import ctypes
 import logging
+import os
 import re
 import threading
 import time
@@ -44,6 +45,18 @@ log = logging.getLogger("llama_vq.server.engine")
 # llama_cpp chat formats that understand OpenAI tools (beyond a Jinja template that renders them).
 _TOOL_FORMATS = {"chatml-function-calling", "functionary", "functionary-v1", "functionary-v2"}
 _CTX_EXCEEDED = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
+_LEADING_INT = re.compile(r"\s*([+-]?\d+)")
+
+
+def attn_rotation_disabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether llama.cpp will skip its Hadamard rotation of quantized K/V caches.
+
+    llama.cpp reads LLAMA_ATTN_ROT_DISABLE with atoi() when it creates a KV cache. Caches written with the
+    rotation hold rotated rows, so a state saved with one setting is garbage to a context with the other.
+    """
+    value = (os.environ if environ is None else environ).get("LLAMA_ATTN_ROT_DISABLE")
+    m = _LEADING_INT.match(value or "")
+    return bool(m and int(m.group(1)) != 0)
 
 
 @dataclass(frozen=True)
@@ -328,6 +341,9 @@ class Engine:
                 "llama_cpp": bi.llama_cpp_commit,
                 "patches": list(bi.patches),
             }
+            if attn_rotation_disabled():
+                # only when off, so that state files written with llama.cpp's default keep matching
+                identity["kv_rotation"] = False
             events = {
                 "save": self.metrics.state_saves,
                 "reject": self.metrics.state_rejected,

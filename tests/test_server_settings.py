@@ -182,3 +182,15 @@ def test_cli_help_lists_flags_and_their_environment_variables(tmp_path):
         "PATTERN=BUFFER",
     ):
         assert flag in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "disabled"),
+    [(None, False), ("", False), ("0", False), ("1", True), (" 2x", True), ("-1", True), ("yes", False)],
+)
+def test_attn_rotation_disabled_reads_the_variable_as_llama_cpp_does(value, disabled):
+    """llama.cpp takes atoi(LLAMA_ATTN_ROT_DISABLE): a leading integer, 0 for anything else."""
+    from server.engine import attn_rotation_disabled
+
+    env = {} if value is None else {"LLAMA_ATTN_ROT_DISABLE": value}
+    assert attn_rotation_disabled(env) is disabled

@@ -227,3 +227,25 @@ def test_state_files_shrink_by_the_cache_type_ratio(smollm2_path, tmp_path, reco
     for c in configs:
         assert 0 < files[c] - payload[c] - 4 * n_tokens < 4096
     assert round(per_tok["f16"] / per_tok["q4_0"], 2) == 3.56  # the V part: 2 bytes vs 18/32
+
+
+def test_state_saved_with_kv_rotation_is_never_loaded_without_it(smollm2_path, tmp_path):
+    """llama.cpp rotates quantized K/V (Hadamard) unless LLAMA_ATTN_ROT_DISABLE is set: the stored rows differ."""
+    d = tmp_path / "kv"
+    flags = ("--state-dir", str(d), *STATE_FLAGS, "-ctk", "q8_0", "-ctv", "q8_0")
+    s = ServerProcess(smollm2_path, *flags, log_dir=tmp_path)
+    s.wait_ready()
+    _complete(s, PROMPT)
+    assert s.terminate() == 0, s.log()
+    assert len(_files(d)) == 1, s.log()
+
+    s = ServerProcess(smollm2_path, *flags, log_dir=tmp_path, env={"LLAMA_ATTN_ROT_DISABLE": "1"})
+    try:
+        s.wait_ready()
+        r = _complete(s, PROMPT)
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert s.metrics()["llama_vq_kv_state_restored_tokens_total"] == 0
+        assert "belong to another model or configuration" in s.log()
+    finally:
+        s.stop()
+    assert len(_files(d)) == 2
