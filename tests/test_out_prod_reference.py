@@ -113,7 +113,7 @@ def _dequantize(type_name: str, data: bytes, n: int) -> np.ndarray:
     return ((q - (16 if type_name == "q5_0" else 8)) * d).reshape(-1)
 
 
-def _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads, seed):
+def _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads, seed, kq_pad=0):
     rng = np.random.default_rng(seed)
     t = TYPES[type_name]
     n_head = n_head_kv * gqa
@@ -121,7 +121,7 @@ def _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream
 
     row = ggml.ggml_row_size(t, d_v * n_head_kv)
     cache_bytes = row * kv_size * n_stream
-    kq_bytes = 4 * n_kv * n_tokens * n_head * n_stream
+    kq_bytes = 4 * n_kv * (n_tokens + kq_pad) * n_head * n_stream
     out_bytes = 4 * d_v * n_tokens * n_head * n_stream
     ctx = ggml.ggml_init(_InitParams(cache_bytes + kq_bytes + out_bytes + (16 << 20), None, False))
     assert ctx
@@ -137,9 +137,14 @@ def _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream
                               ggml.ggml_row_size(t, d_v), row, row * kv_size, 0)
         v = ggml.ggml_permute(ctx, v, 0, 2, 1, 3)  # [d_v, n_kv, n_head_kv, n_stream]
 
-        kq = ggml.ggml_new_tensor_4d(ctx, TYPES["f32"], n_kv, n_tokens, n_head, n_stream)
-        p = rng.random((n_stream, n_head, n_tokens, n_kv), dtype=np.float32)
-        ctypes.memmove(ggml.ggml_get_data(kq), p.ctypes.data, p.nbytes)
+        # kq_pad > 0: kq is a view of the first n_tokens of n_tokens + kq_pad rows, so its heads are not one
+        # uniformly strided run of rows
+        kq_all = ggml.ggml_new_tensor_4d(ctx, TYPES["f32"], n_kv, n_tokens + kq_pad, n_head, n_stream)
+        p_all = rng.random((n_stream, n_head, n_tokens + kq_pad, n_kv), dtype=np.float32)
+        ctypes.memmove(ggml.ggml_get_data(kq_all), p_all.ctypes.data, p_all.nbytes)
+        p = p_all[:, :, :n_tokens]
+        kq = ggml.ggml_view_4d(ctx, kq_all, n_kv, n_tokens, n_head, n_stream, 4 * n_kv, 4 * n_kv * (n_tokens + kq_pad),
+                               4 * n_kv * (n_tokens + kq_pad) * n_head, 0)
 
         out = ggml.ggml_out_prod(ctx, v, ggml.ggml_transpose(ctx, kq))
         assert ggml.ggml_nbytes(out) == out_bytes
@@ -176,6 +181,21 @@ CASES = [
     ("q5_1", 64, 40, 2, 2, 3, 2, 2),
     ("iq4_nl", 128, 45, 2, 1, 2, 1, 2),  # no GQA
     ("q4_0", 256, 5, 2, 2, 64, 1, 1),  # fewer rows than one tile, one thread
+    # prefill: enough dst columns per V matrix (n_tokens*gqa) for the dequantize-then-sgemm path
+    ("q4_0", 64, 256, 3, 3, 64, 1, 2),  # SmolLM2 heads
+    ("q8_0", 64, 264, 3, 3, 40, 2, 2),  # 2 streams, n_kv a multiple of 8 but not of 16 (the transpose tile)
+    ("q4_1", 128, 96, 2, 4, 33, 1, 1),  # one thread
+    ("q5_0", 64, 32, 1, 16, 2, 2, 3),  # GQA 16, 32 columns from 2 tokens, 3 threads
+    ("iq4_nl", 128, 200, 2, 1, 32, 1, 2),  # no GQA
+    ("q5_1", 64, 100, 2, 2, 50, 1, 2),  # n_kv not a multiple of 8: llamafile_sgemm refuses, the tile path runs
+    ("q4_0", 64, 4103, 1, 3, 12, 1, 2),  # long context, n_kv odd
+]
+
+# kq as a strided view (heads not one uniform run of rows): one sgemm per head instead of per KV head
+PADDED_KQ_CASES = [
+    # type, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads, kq_pad
+    ("q4_0", 64, 128, 3, 3, 40, 2, 2, 3),
+    ("q8_0", 128, 64, 2, 2, 3, 1, 2, 1),  # decode-sized: the tile path with a strided kq
 ]
 
 
@@ -184,6 +204,18 @@ def test_cpu_out_prod_of_quantized_v_matches_float64_reference(ggml, type_name, 
                                                                n_tokens, n_stream, n_threads):
     got, ref = _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads,
                              seed=zlib.crc32(repr((type_name, d_v, n_kv, gqa, n_tokens)).encode()))
+    assert np.isfinite(got).all(), "some outputs were not written"
+    err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert err < REL_TOL, f"normwise relative error {err:.3g} >= {REL_TOL}"
+
+
+@pytest.mark.parametrize("type_name,d_v,n_kv,n_head_kv,gqa,n_tokens,n_stream,n_threads,kq_pad", PADDED_KQ_CASES)
+def test_cpu_out_prod_of_quantized_v_with_strided_kq_matches_float64_reference(ggml, type_name, d_v, n_kv, n_head_kv,
+                                                                               gqa, n_tokens, n_stream, n_threads,
+                                                                               kq_pad):
+    got, ref = _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads,
+                             seed=zlib.crc32(repr((type_name, d_v, n_kv, gqa, n_tokens, kq_pad)).encode()),
+                             kq_pad=kq_pad)
     assert np.isfinite(got).all(), "some outputs were not written"
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert err < REL_TOL, f"normwise relative error {err:.3g} >= {REL_TOL}"
