@@ -46,6 +46,15 @@ def _files(d: Path) -> list[Path]:
     return sorted(d.glob("*" + SUFFIX))
 
 
+def _assert_recomputed_as_foreign(s: ServerProcess) -> None:
+    """The state file on disk is refused as another configuration's: nothing restored, all recomputed."""
+    s.wait_ready()
+    r = _complete(s, PROMPT)
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert s.metrics()["llama_vq_kv_state_restored_tokens_total"] == 0
+    assert "belong to another model or configuration" in s.log()
+
+
 @pytest.fixture(scope="module")
 def fresh(smollm2_path, tmp_path_factory):
     """Reference outputs from a server without --state-dir."""
@@ -145,11 +154,7 @@ def test_state_of_other_cache_types_is_never_loaded(smollm2_path, tmp_path, stat
         smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, "-ctk", "q8_0", log_dir=tmp_path
     )
     try:
-        s.wait_ready()
-        r = _complete(s, PROMPT)
-        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        assert s.metrics()["llama_vq_kv_state_restored_tokens_total"] == 0
-        assert "belong to another model or configuration" in s.log()
+        _assert_recomputed_as_foreign(s)
     finally:
         s.stop()
     assert len(_files(state_dir)) == 2  # the f16 file is left alone; the q8_0 one is added
@@ -241,11 +246,7 @@ def test_state_saved_with_kv_rotation_is_never_loaded_without_it(smollm2_path, t
 
     s = ServerProcess(smollm2_path, *flags, log_dir=tmp_path, env={"LLAMA_ATTN_ROT_DISABLE": "1"})
     try:
-        s.wait_ready()
-        r = _complete(s, PROMPT)
-        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        assert s.metrics()["llama_vq_kv_state_restored_tokens_total"] == 0
-        assert "belong to another model or configuration" in s.log()
+        _assert_recomputed_as_foreign(s)
     finally:
         s.stop()
     assert len(_files(d)) == 2
