@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from v_cache_support import (
     GGML,
     GGML_TYPE_F16,
