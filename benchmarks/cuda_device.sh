@@ -14,15 +14,8 @@
 # ~200 s instead of roughly twice that, which is what a 10-minute device share allows; the FA-on
 # configs are then reported as skipped. CUDA_FA=on measures them too.
 set -u
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-C=${CARRY:-$here/.bench-carry}
-: "${OUT:?set OUT to the results folder}"
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
-# one GPU: on a machine with several, llama-bench would split the layers across all of them
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-export LLAMA_VQ_GGUF_PY=$C/gguf-py PYTHONUNBUFFERED=1
+. "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 python3 "$here/benchmarks/run.py" --backend cuda --src "$C/llama.cpp" --build-dir /tmp/bench-build \
-    --jobs "$(nproc)" --targets llama-bench --cuda-fa "${CUDA_FA:-off}" --tokenizer-from "$C/vocab.gguf" --model-dir /tmp/models \
+    --jobs "$(nproc)" --targets llama-bench --cuda-fa "${CUDA_FA:-off}" --tokenizer-from "$C/vocab.gguf" --model-dir "$M" \
     --out "$OUT" --pack-logs --deadline "${DEADLINE:-400}" --timeout "${CONFIG_TIMEOUT:-90}" "$@" \
     2>&1 | tee "$OUT/run.log"

@@ -12,35 +12,17 @@
 # REPS (default 2), CONFIGS (default: FA off x the five cache pairs, FA on x f16/f16 and q4_0/q4_0).
 set -u
 stage=${1:?stage a or b}
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-C=${CARRY:-$here/.bench-carry}
-: "${OUT:?set OUT to the results folder}"
-mkdir -p "$OUT"
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-export LLAMA_VQ_GGUF_PY=$C/gguf-py PYTHONUNBUFFERED=1
+. "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 B=/tmp/bench-build-fa
-M=/tmp/models
 REPS=${REPS:-2}
 CONFIGS=${CONFIGS:-fa-off_f16-f16,fa-off_q4_0-q4_0,fa-off_q8_0-q8_0,fa-off_q8_0-q4_0,fa-off_q4_0-f16,fa-on_f16-f16,fa-on_q4_0-q4_0}
 t0=$(date +%s)
 log() { echo "[session $stage $(( $(date +%s) - t0 ))s] $*"; }
-mkdir -p "$M"
-
-gen() { # name synth args...: generated under a temporary name, renamed when complete (survives the call)
-    local name=$1; shift
-    [ -f "$M/synth-$name.gguf" ] && return 0
-    setsid bash -c "nice -n 5 python3 '$here/tools/synth_models.py' $* '$M/tmp-$name.gguf' --tokenizer-from '$C/vocab.gguf' \
-        > '$M/gen-$name.log' 2>&1 && mv '$M/tmp-$name.gguf' '$M/synth-$name.gguf'" < /dev/null &
-}
-
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
 if [ ! -x "$B/build/bin/llama-bench" ]; then
     gen llama8b llama --preset llama-3.1-8b
     [ "$stage" = b ] && gen mimo mimo --preset attn
     log "build (FA kernels on)"
-    python3 "$here/benchmarks/run.py" --backend cuda --src "$C/llama.cpp" --build-dir "$B" --jobs "$(nproc)" \
-        --targets llama-bench,test-backend-ops --cuda-fa on --build-only > "$OUT/build.log" 2>&1 \
-        || { tail -40 "$OUT/build.log"; exit 1; }
+    build_tools "$B" on
     log built
 else
     log "reusing the build in $B"
@@ -72,12 +54,7 @@ print(','.join(s['config'] for s in st if s['status']=='skipped'))")
     log "8B configs left from stage a: ${left:-none}"
 fi
 
-for m in ${models//,/ }; do
-    while [ ! -f "$M/synth-$m.gguf" ]; do
-        if ! pgrep -f "tmp-$m.gguf" > /dev/null; then cat "$M/gen-$m.log"; exit 1; fi
-        sleep 2
-    done
-done
+for m in ${models//,/ }; do wait_model "$m"; done
 deadline=$(( ${DEADLINE:-585} - ($(date +%s) - t0) ))
 log "matrix: $models, ${deadline} s"
 python3 "$here/benchmarks/run.py" --backend cuda --bin "$bin" --src "$C/llama.cpp" --models "$models" --model-dir "$M" \

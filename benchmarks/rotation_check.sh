@@ -4,22 +4,18 @@
 # An 8-layer Llama-3.1-8B-shaped model (generated there), FA off, tg64 at depths 0 and 8192, -r 3; then the OUT_PROD
 # checks against the CPU. Here: python3 benchmarks/carry.py .bench-carry ...; there: OUT=<folder> bash benchmarks/rotation_check.sh
 set -u
-C=$PWD/.bench-carry
-export CUDA_VISIBLE_DEVICES=0 LLAMA_VQ_GGUF_PY=$C/gguf-py PYTHONUNBUFFERED=1
+. "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 t0=$(date +%s); log() { echo "[rot $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/rot.txt"; }
-mkdir -p /tmp/m
-nice -n 5 python3 tools/synth_models.py llama /tmp/m/tmp.gguf --preset llama-3.1-8b --n-layer 8 \
-    --tokenizer-from "$C/vocab.gguf" > "$OUT/gen.log" 2>&1 && mv /tmp/m/tmp.gguf /tmp/m/l8.gguf &
+gen llama8b-l8 llama --preset llama-3.1-8b --n-layer 8
 log build
-python3 benchmarks/run.py --backend cuda --src "$C/llama.cpp" --build-dir /tmp/b --jobs 16 \
-    --targets llama-bench,test-backend-ops --cuda-fa off --build-only > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+build_tools /tmp/b off
 B=/tmp/b/build/bin
 log built
-wait
-ls -la /tmp/m | tee -a "$OUT/rot.txt"
+wait_model llama8b-l8
+ls -la "$M" | tee -a "$OUT/rot.txt"
 bench() { # label ctk ctv env...
     local label=$1 k=$2 v=$3; shift 3
-    env "$@" X=1 "$B/llama-bench" -m /tmp/m/l8.gguf -ngl 99 -fa 0 -p 0 -n 64 -d 0,8192 -r 3 -ctk "$k" -ctv "$v" -o jsonl 2>/dev/null \
+    env "$@" X=1 "$B/llama-bench" -m "$M/synth-llama8b-l8.gguf" -ngl 99 -fa 0 -p 0 -n 64 -d 0,8192 -r 3 -ctk "$k" -ctv "$v" -o jsonl 2>/dev/null \
       | python3 -c "import json,sys
 for l in sys.stdin:
     r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" | tee -a "$OUT/rot.txt"

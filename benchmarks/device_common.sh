@@ -1,0 +1,36 @@
+# Sourced by the scripts that run on a GPU machine (cuda_device.sh, cuda_session.sh, rotation_check.sh):
+# the carried folder, the output folder, the environment, and the synthetic models and tools they share.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+C=${CARRY:-$here/.bench-carry}
+: "${OUT:?set OUT to the results folder}"
+mkdir -p "$OUT"
+# one GPU: on a machine with several, llama-bench would split the layers across all of them
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+export LLAMA_VQ_GGUF_PY=$C/gguf-py PYTHONUNBUFFERED=1
+M=${MODEL_DIR:-/tmp/models}
+mkdir -p "$M"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
+
+# gen NAME SYNTH-ARGS...: $M/synth-NAME.gguf in the background, written under a temporary name and renamed when
+# complete; started in its own session, so it survives the call that started it (the machine stays up between calls)
+gen() {
+    local name=$1; shift
+    [ -f "$M/synth-$name.gguf" ] && return 0
+    setsid bash -c "nice -n 5 python3 '$here/tools/synth_models.py' $* '$M/tmp-$name.gguf' --tokenizer-from '$C/vocab.gguf' \
+        > '$M/gen-$name.log' 2>&1 && mv '$M/tmp-$name.gguf' '$M/synth-$name.gguf'" < /dev/null &
+}
+
+# wait_model NAME: until gen's model is complete; its log and exit 1 if its generator died
+wait_model() {
+    while [ ! -f "$M/synth-$1.gguf" ]; do
+        if ! pgrep -f "tmp-$1.gguf" > /dev/null; then cat "$M/gen-$1.log"; exit 1; fi
+        sleep 2
+    done
+}
+
+# build_tools BUILD_DIR on|off: llama-bench and test-backend-ops from the carried tree (FA kernels on or off)
+build_tools() {
+    python3 "$here/benchmarks/run.py" --backend cuda --src "$C/llama.cpp" --build-dir "$1" --jobs "$(nproc)" \
+        --targets llama-bench,test-backend-ops --cuda-fa "$2" --build-only > "$OUT/build.log" 2>&1 \
+        || { tail -40 "$OUT/build.log"; exit 1; }
+}
