@@ -56,21 +56,26 @@ def test_queue_is_first_in_first_out(srv):
     done: list[int] = []
     lock = threading.Lock()
 
-    def run(i: int) -> None:
-        r = _chat(srv.url, "Count to ten.", max_tokens=12)
+    def run(i: int, **kw) -> None:
+        r = _chat(srv.url, "Count to ten.", **kw)
         assert r.status_code == 200
         with lock:
             done.append(i)
 
-    blocker = threading.Thread(target=run, args=(0,))
+    # The blocker's length is fixed (150 tokens, no early stop), so it is still running while the
+    # other three queue up; each is started only once the one before it is seen waiting.
+    blocker = threading.Thread(
+        target=run, args=(0,), kwargs={"max_tokens": 150, "response_format": long_string_format(4000)}
+    )
     blocker.start()
     srv.wait_metric("llama_vq_requests_running", lambda v: v == 1)
     threads = [blocker]
-    for i in range(1, 4):  # each one queued only after the previous one is waiting
-        t = threading.Thread(target=run, args=(i,))
+    for i in range(1, 4):
+        t = threading.Thread(target=run, args=(i,), kwargs={"max_tokens": 12})
         t.start()
         threads.append(t)
-        srv.wait_metric("llama_vq_queue_depth", lambda v, i=i: v >= 1 or len(done) >= i)
+        srv.wait_metric("llama_vq_queue_depth", lambda v, i=i: v >= i)
+    assert not done, "the blocker ended before the queue was built; the test proves nothing"
     for t in threads:
         t.join(120)
     assert done == [0, 1, 2, 3]
@@ -116,8 +121,8 @@ def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(smollm2_path, tmp_p
         body = {
             "messages": [{"role": "user", "content": "Write."}],
             "temperature": 0,
-            "max_tokens": 300,
-            "response_format": long_string_format(120),
+            "max_tokens": 200,  # fixed length: the string may not close, so both requests run 200 tokens
+            "response_format": long_string_format(4000),
         }
         with cf.ThreadPoolExecutor(2) as pool:
             first = pool.submit(httpx.post, s.url + "/v1/chat/completions", json=body, timeout=120)
