@@ -181,6 +181,12 @@ CASES = [
     ("q5_1", 64, 40, 2, 2, 3, 2, 2),
     ("iq4_nl", 128, 45, 2, 1, 2, 1, 2),  # no GQA
     ("q4_0", 256, 5, 2, 2, 64, 1, 1),  # fewer rows than one tile, one thread
+    # decode: <= 4 dst columns per V matrix, q4_0 / q8_0 / iq4_nl go through the register kernel (0018)
+    ("q8_0", 64, 50, 3, 1, 1, 1, 2),  # one column per V matrix
+    ("q4_0", 128, 77, 2, 4, 1, 2, 3),  # Llama-3 8B's GQA 4, 2 streams, 3 threads
+    ("iq4_nl", 192, 30, 1, 3, 1, 1, 7),  # 6 block columns, more threads than work items
+    ("q4_0", 64, 40, 2, 2, 3, 1, 2),  # 6 columns: the tile path
+    ("q8_0", 64, 40, 2, 8, 1, 1, 2),  # MiMo's GQA 8 at decode: the tile path
     # prefill: enough dst columns per V matrix (n_tokens*gqa) for the dequantize-then-sgemm path
     ("q4_0", 64, 256, 3, 3, 64, 1, 2),  # SmolLM2 heads
     ("q8_0", 64, 264, 3, 3, 40, 2, 2),  # 2 streams, n_kv a multiple of 8 but not of 16 (the transpose tile)
@@ -196,6 +202,7 @@ PADDED_KQ_CASES = [
     # type, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads, kq_pad
     ("q4_0", 64, 128, 3, 3, 40, 2, 2, 3),
     ("q8_0", 128, 64, 2, 2, 3, 1, 2, 1),  # decode-sized: the tile path with a strided kq
+    ("q4_0", 64, 64, 3, 3, 1, 1, 2, 2),  # decode: the register kernel with a strided kq
 ]
 
 
