@@ -28,9 +28,10 @@ wait_model() {
     done
 }
 
-# build_tools BUILD_DIR on|off: llama-bench and test-backend-ops from the carried tree (FA kernels on or off)
+# build_tools BUILD_DIR on|off [TARGETS]: tools from the carried tree (FA kernels on or off; default
+# llama-bench and test-backend-ops)
 build_tools() {
     python3 "$here/benchmarks/run.py" --backend cuda --src "$C/llama.cpp" --build-dir "$1" --jobs "$(nproc)" \
-        --targets llama-bench,test-backend-ops --cuda-fa "$2" --build-only > "$OUT/build.log" 2>&1 \
+        --targets "${3:-llama-bench,test-backend-ops}" --cuda-fa "$2" --build-only > "$OUT/build.log" 2>&1 \
         || { tail -40 "$OUT/build.log"; exit 1; }
 }
