@@ -15,7 +15,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: JSON types as the schema states them. Lax mode would turn `"n": true` into 1 and `"5"` into 5,
+    # accepting what the OpenAPI document says is invalid (found by tests/test_server_schema.py's negative fuzzing)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class _Response(BaseModel):
