@@ -275,6 +275,11 @@ def test_malformed_json_is_400_with_openai_error_body(http):
         ),
         ({"messages": CHAT, "response_format": {"type": "xml"}}, "response_format"),
         ({"messages": CHAT, "tool_choice": "sometimes"}, "tool_choice"),
+        # JSON types as the schema states them: no coercion of booleans or strings into numbers
+        ({"messages": CHAT, "n": True}, "n"),
+        ({"messages": CHAT, "max_tokens": "5"}, "max_tokens"),
+        ({"messages": CHAT, "temperature": False}, "temperature"),
+        ({"messages": CHAT, "stream": 1}, "stream"),
     ],
 )
 def test_wrong_or_out_of_range_chat_parameters_are_400_naming_the_parameter(http, body, param):
@@ -292,6 +297,8 @@ def test_wrong_or_out_of_range_chat_parameters_are_400_naming_the_parameter(http
         ({"prompt": "x", "suffix": "y"}, "suffix"),
         ({"prompt": "x", "max_tokens": -1}, "max_tokens"),
         ({"prompt": 5}, "prompt"),
+        ({"prompt": "x", "n": True}, "n"),
+        ({"prompt": "x", "seed": "7"}, "seed"),
     ],
 )
 def test_wrong_completion_parameters_are_400_naming_the_parameter(http, body, param):
