@@ -444,21 +444,17 @@ GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 VIEW_OPS = {"RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"}
 
 
-def _graph_nodes(llama_vq, path, type_k, type_v, n_tokens=4, **kw) -> list[dict]:
+def _graph_nodes(llama_vq, ggml, path, type_k, type_v, n_tokens=4, **kw) -> list[dict]:
     """The nodes of one decode of n_tokens, FA off, in the order the backend computes them."""
     import llama_cpp
 
-    from llama_vq._binding import LIB_DIR
-
-    base = ctypes.CDLL(str(LIB_DIR / "libggml-base.so"))
-    base.ggml_op_name.restype, base.ggml_op_name.argtypes = ctypes.c_char_p, [ctypes.c_int]
     nodes: list[dict] = []
 
     @llama_cpp.ggml_backend_sched_eval_callback
     def record(t, ask, user_data):  # noqa: ARG001
         if ask:
             x = ctypes.cast(t, ctypes.POINTER(_GgmlTensor)).contents
-            nodes.append({"addr": t, "op": base.ggml_op_name(x.op).decode(), "hint": x.op_params[1],
+            nodes.append({"addr": t, "op": ggml.op_name(x.op).decode(), "hint": x.op_params[1],
                           "src": list(x.src), "view_src": x.view_src, "name": x.name.decode()})
         return False  # never stop to look at data: the graph runs as one piece
 
@@ -516,9 +512,9 @@ def _rotations_by_neighbour(nodes: list[dict]) -> dict[str, int]:
     ("smollm2", "q8_0", "f16", {"store": 1, "kq": 1, "output": 0}),
     ("mimo", "q4_0", "q4_0", {"store": 2, "kq": 1, "output": 1}),  # iSWA: full and sliding-window layers
 ])
-def test_attention_rotations_sit_next_to_their_consumers(llama_vq, request, model, type_k, type_v, expect):
+def test_attention_rotations_sit_next_to_their_consumers(llama_vq, ggml, request, model, type_k, type_v, expect):
     path = request.getfixturevalue("smollm2_path" if model == "smollm2" else "mimo_path")
-    nodes = _graph_nodes(llama_vq, path, type_k, type_v)
+    nodes = _graph_nodes(llama_vq, ggml, path, type_k, type_v)
     n_layer = sum(1 for n in nodes if n["name"].startswith("kq-") and n["op"] == "MUL_MAT")
     assert n_layer > 0
     found = _rotations_by_neighbour(nodes)

@@ -170,7 +170,7 @@ class _InitParams(ctypes.Structure):
 
 
 class GGML:
-    """The few ggml functions the reference check needs, from libggml-base + libggml-cpu in lib_dir."""
+    """The few ggml functions the tests need, from libggml-base + libggml-cpu in lib_dir."""
 
     def __init__(self, lib_dir: Path) -> None:
         mode = getattr(ctypes, "RTLD_GLOBAL", 0)
@@ -195,6 +195,7 @@ class GGML:
             "ggml_row_size": (SZ, [I32, I64]),
             "ggml_backend_supports_op": (ctypes.c_bool, [P, P]),
             "ggml_backend_free": (None, [P]),
+            "ggml_op_name": (ctypes.c_char_p, [I32]),
         }
         for name, (res, args) in sig.items():
             f = getattr(self.base, name)
