@@ -35,3 +35,15 @@ build_tools() {
         --targets "${3:-llama-bench,test-backend-ops}" --cuda-fa "$2" --build-only > "$OUT/build.log" 2>&1 \
         || { tail -40 "$OUT/build.log"; exit 1; }
 }
+
+# bench_tg TXT MODEL "LLAMA-BENCH ARGS" LABEL CTK CTV [ENV=VALUE ...]: decode with FA off on the GPU, one line per
+# depth ("LABEL type_k type_v depth tok/s std") shown and appended to TXT; $bin is the tools folder
+bench_tg() {
+    local txt=$1 model=$2 args=$3 label=$4 k=$5 v=$6; shift 6
+    # shellcheck disable=SC2086  # args: several llama-bench options
+    env "$@" X=1 "$bin/llama-bench" -m "$model" -ngl 99 -fa 0 -p 0 $args -ctk "$k" -ctv "$v" -o jsonl 2>/dev/null \
+        | python3 -c "import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" \
+        | tee -a "$txt"
+}

@@ -34,14 +34,7 @@ echo "MUL_MAT (K-shaped): $(grep -E 'tests passed' "$OUT/tbo-mul-mat-kq.log" | t
 [ "$fail" = 0 ] || { log "test-backend-ops failed: nothing timed"; exit 1; }
 
 wait_model llama8b
-bench() { # label ctk ctv env...
-    local label=$1 k=$2 v=$3; shift 3
-    env "$@" X=1 "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa 0 -p 0 -n 128 -d 0,8192 -r 2 -ctk "$k" -ctv "$v" \
-        -o jsonl 2>/dev/null | python3 -c "import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" \
-        | tee -a "$OUT/fusion.txt"
-}
+bench() { bench_tg "$OUT/fusion.txt" "$M/synth-llama8b.gguf" "-n 128 -d 0,8192 -r 2" "$@"; } # label ctk ctv env...
 log "2. decode, rotation variants (8B, tg128, depths 0 and 8192)"
 bench f16 f16 f16
 bench fused q4_0 q4_0

@@ -9,17 +9,11 @@ t0=$(date +%s); log() { echo "[rot $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/
 gen llama8b-l8 llama --preset llama-3.1-8b --n-layer 8
 log build
 build_tools /tmp/b off
-B=/tmp/b/build/bin
+bin=/tmp/b/build/bin
 log built
 wait_model llama8b-l8
 ls -la "$M" | tee -a "$OUT/rot.txt"
-bench() { # label ctk ctv env...
-    local label=$1 k=$2 v=$3; shift 3
-    env "$@" X=1 "$B/llama-bench" -m "$M/synth-llama8b-l8.gguf" -ngl 99 -fa 0 -p 0 -n 64 -d 0,8192 -r 3 -ctk "$k" -ctv "$v" -o jsonl 2>/dev/null \
-      | python3 -c "import json,sys
-for l in sys.stdin:
-    r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" | tee -a "$OUT/rot.txt"
-}
+bench() { bench_tg "$OUT/rot.txt" "$M/synth-llama8b-l8.gguf" "-n 64 -d 0,8192 -r 3" "$@"; } # label ctk ctv env...
 bench rot-default f16 f16
 bench rot-default q4_0 q4_0
 bench rot-off q4_0 q4_0 LLAMA_ATTN_ROT_DISABLE=1
@@ -28,5 +22,5 @@ bench rot-default q8_0 q8_0
 bench rot-off q4_0 f16 LLAMA_ATTN_ROT_DISABLE=1
 bench rot-default f16 f16
 log tests
-"$B/test-backend-ops" test -j 8 -b CUDA0 -o OUT_PROD > "$OUT/tbo.log" 2>&1; grep -E "tests passed|FAIL" "$OUT/tbo.log" | tail -3 | tee -a "$OUT/rot.txt"
+"$bin/test-backend-ops" test -j 8 -b CUDA0 -o OUT_PROD > "$OUT/tbo.log" 2>&1; grep -E "tests passed|FAIL" "$OUT/tbo.log" | tail -3 | tee -a "$OUT/rot.txt"
 log done
