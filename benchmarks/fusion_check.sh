@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One call on a CUDA machine for the fused Hadamard rotations of quantized K/V (patches 0016 + 0017, opt-in through
-# LLAMA_VQ_CUDA_FUSE_ROTATION=1), most important first:
+# One call on a CUDA machine for the fused Hadamard rotations of quantized K/V (patches 0016 + 0017, on by default;
+# LLAMA_VQ_CUDA_FUSE_ROTATION=0 turns them off), most important first:
 #   1. test-backend-ops against the CPU with the fusions on (stops here if any case fails)
-#   2. decode, 8B shape, q4_0/q4_0 three ways against f16/f16: rotation fused, unfused (today's default), off
+#   2. decode, 8B shape, q4_0/q4_0 three ways against f16/f16: rotation fused (the default), unfused, off
 #   3. fidelity of the fast path on the GPU: KL divergence of q4_0/q4_0 (FA off) from f16/f16 on the 8B shape with
 #      llama-perplexity, fused and unfused, and the same on the CPU of that machine (--device none) for comparison
 #   4. the FA-off matrix on both synthetic models with the fusions on, until DEADLINE (later configs: skipped)
