@@ -55,6 +55,30 @@ def kv_cache_size(ctx: int) -> tuple[int, int, int] | None:
     return k.value, v.value, n.value
 
 
+def has_swa_cache_types() -> bool:
+    return hasattr(llama_cpp.llama_cpp._lib, "llama_vq_set_next_swa_cache_types")
+
+
+def set_next_swa_cache_types(type_k: int, type_v: int) -> None:
+    """Cache types of an iSWA model's sliding-window layers for the next context created on this thread."""
+    fn = llama_cpp.llama_cpp._lib.llama_vq_set_next_swa_cache_types
+    fn.argtypes = [ctypes.c_int, ctypes.c_int]
+    fn.restype = None
+    fn(type_k, type_v)
+
+
+def kv_cache_swa(ctx: int) -> tuple[int, int, int, int] | None:
+    """(type of K, type of V, bytes of K, bytes of V) of the sliding-window layers' cache; None if not iSWA."""
+    fn = llama_cpp.llama_cpp._lib.llama_vq_kv_cache_swa
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                   ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    fn.restype = ctypes.c_bool
+    tk, tv, k, v = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_size_t()
+    if not fn(ctypes.c_void_p(ctx), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(k), ctypes.byref(v)):
+        return None
+    return tk.value, tv.value, k.value, v.value
+
+
 def buffer_types() -> dict[str, int]:
     """Buffer-type name -> handle for every registered device ("CPU", "CUDA0", "ROCm0", "RPC[...]")."""
     lib = _ggml()

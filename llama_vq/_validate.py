@@ -14,23 +14,24 @@ def _fix_for(head: int) -> str:
 
 
 def check_cache_config(model_path: str | Path, type_k: CacheType, type_v: CacheType, flash_attn: int,
-                       *, nonfa_quantized_v: bool) -> None:
+                       *, nonfa_quantized_v: bool, names: tuple[str, str] = ("type_k", "type_v")) -> None:
     """Raise CacheConfigError naming the value, the constraint and the fix.
 
     ``nonfa_quantized_v``: whether the loaded library can run a quantized V without flash attention.
+    ``names``: the parameters the types came from (("type_k_swa", "type_v_swa") for sliding-window layers).
     """
     if type_v.quantized and flash_attn == FLASH_ATTN_OFF and not nonfa_quantized_v:
         raise CacheConfigError(
-            f"type_v={type_v.name!r} with flash_attn off needs llama-vq's V patch, which this build "
+            f"{names[1]}={type_v.name!r} with flash_attn off needs llama-vq's V patch, which this build "
             "does not carry (see llama_vq.build_info()['patches']). Fix: use flash_attn='on', or "
-            "type_v='f16', or install a llama-vq build with the V patch."
+            f"{names[1]}='f16', or install a llama-vq build with the V patch."
         )
     try:
         meta = read_metadata(model_path)
     except (OSError, GGUFError):
         return  # llama.cpp reports unreadable models itself, with its own reason
     k_heads, v_heads = head_sizes(meta)
-    for name, t, heads, what in (("type_k", type_k, k_heads, "K"), ("type_v", type_v, v_heads, "V")):
+    for name, t, heads, what in ((names[0], type_k, k_heads, "K"), (names[1], type_v, v_heads, "V")):
         if not t.quantized:
             continue
         for h in sorted(heads):
@@ -42,10 +43,13 @@ def check_cache_config(model_path: str | Path, type_k: CacheType, type_v: CacheT
 
 
 def check_config(model_path: str | Path, *, type_k: str | int | CacheType | None = None,
-                 type_v: str | int | CacheType | None = None, flash_attn: bool | str | int = False) -> None:
+                 type_v: str | int | CacheType | None = None, flash_attn: bool | str | int = False,
+                 type_k_swa: str | int | CacheType | None = None,
+                 type_v_swa: str | int | CacheType | None = None) -> None:
     """Check a cache/attention configuration against a model's metadata and this build, loading nothing.
 
-    The same checks ``Llama(...)`` runs before any native call. Raises CacheConfigError (a ValueError)
+    The same checks ``Llama(...)`` runs before any native call (``type_k_swa``/``type_v_swa``: the
+    sliding-window layers' types, default type_k/type_v). Raises CacheConfigError (a ValueError)
     whose message names the value, the constraint and the fix.
     """
     from ._build import build_info
@@ -55,3 +59,8 @@ def check_config(model_path: str | Path, *, type_k: str | int | CacheType | None
     tv = parse_cache_type("f16" if type_v is None else type_v, param="type_v")
     fa = parse_flash_attn(flash_attn)
     check_cache_config(model_path, tk, tv, fa, nonfa_quantized_v=build_info().nonfa_quantized_v)
+    tk_swa = tk if type_k_swa is None else parse_cache_type(type_k_swa, param="type_k_swa")
+    tv_swa = tv if type_v_swa is None else parse_cache_type(type_v_swa, param="type_v_swa")
+    if (tk_swa, tv_swa) != (tk, tv):
+        check_cache_config(model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=build_info().nonfa_quantized_v,
+                           names=("type_k_swa", "type_v_swa"))

@@ -22,20 +22,29 @@ from .cache_types import (
     parse_cache_type,
     parse_flash_attn,
 )
-from .errors import ContextCreationError, ModelLoadError, TensorOverrideError
+from .errors import CacheConfigError, ContextCreationError, ModelLoadError, TensorOverrideError
 
 _RPC_ADDED: set[str] = set()
 
 
 @dataclass(frozen=True)
 class KVCacheInfo:
-    """The KV cache a context allocated: element types, cells, and bytes of K and of V (all layers)."""
+    """The KV cache a context allocated: element types, cells, and bytes of K and of V (all layers).
+
+    For an iSWA model (sliding-window + full-attention layers) ``type_k_swa``/``type_v_swa`` are the
+    sliding-window layers' types and ``swa_k_bytes``/``swa_v_bytes`` their share of ``k_bytes``/``v_bytes``;
+    None and 0 for other models.
+    """
 
     type_k: str
     type_v: str
     n_cells: int
     k_bytes: int
     v_bytes: int
+    type_k_swa: str | None = None
+    type_v_swa: str | None = None
+    swa_k_bytes: int = 0
+    swa_v_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -70,6 +79,9 @@ class Llama(llama_cpp.Llama):
 
     Args beyond llama_cpp.Llama's:
         type_k, type_v: KV cache element types by name (any case) or ggml_type number; default f16.
+        type_k_swa, type_v_swa: the cache types of an iSWA model's sliding-window layers (e.g. f16 for
+            MiMo's 128-token windows while the full layers hold q4_0); default: type_k / type_v.
+            Ignored (llama.cpp logs a warning) for models without sliding-window layers.
         flash_attn: True/False or "on"/"off"/"auto" (auto lets llama.cpp pick per device).
         tensor_overrides: llama-server's --override-tensor: [("exps", "CPU")] or ["exps=CPU"];
             tensors whose name matches the regex are stored in that buffer type.
@@ -87,6 +99,8 @@ class Llama(llama_cpp.Llama):
         *,
         type_k: str | int | CacheType | None = None,
         type_v: str | int | CacheType | None = None,
+        type_k_swa: str | int | CacheType | None = None,
+        type_v_swa: str | int | CacheType | None = None,
         flash_attn: bool | str | int = False,
         tensor_overrides: Sequence[tuple[str, str] | str] | None = None,
         rpc_servers: str | Sequence[str] | None = None,
@@ -94,11 +108,23 @@ class Llama(llama_cpp.Llama):
     ) -> None:
         tk = parse_cache_type("f16" if type_k is None else type_k, param="type_k")
         tv = parse_cache_type("f16" if type_v is None else type_v, param="type_v")
+        tk_swa = tk if type_k_swa is None else parse_cache_type(type_k_swa, param="type_k_swa")
+        tv_swa = tv if type_v_swa is None else parse_cache_type(type_v_swa, param="type_v_swa")
         fa = parse_flash_attn(flash_attn)
         overrides = _parse_overrides(tensor_overrides)
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
-        check_cache_config(model_path, tk, tv, fa, nonfa_quantized_v=build_info().nonfa_quantized_v)
+        nonfa_qv = build_info().nonfa_quantized_v
+        check_cache_config(model_path, tk, tv, fa, nonfa_quantized_v=nonfa_qv)
+        swa_differs = (tk_swa, tv_swa) != (tk, tv)
+        if swa_differs:
+            check_cache_config(model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=nonfa_qv,
+                               names=("type_k_swa", "type_v_swa"))
+            if not _native.has_swa_cache_types():
+                raise CacheConfigError(
+                    "type_k_swa/type_v_swa need llama-vq's per-layer cache types patch (0019), which this "
+                    "build does not carry. Fix: leave them unset, or install a build with the patch."
+                )
 
         if rpc_servers:
             endpoints = rpc_servers.split(",") if isinstance(rpc_servers, str) else list(rpc_servers)
@@ -128,6 +154,8 @@ class Llama(llama_cpp.Llama):
 
         def adjust_context(params: Any) -> None:
             params.flash_attn_type = fa
+            if swa_differs:  # for the llama_init_from_model() that follows on this thread
+                _native.set_next_swa_cache_types(tk_swa.ggml_type, tv_swa.ggml_type)
 
         with _hooks.adjusting(model=adjust_model, context=adjust_context), _logs.Capture() as cap:
             try:
@@ -141,8 +169,9 @@ class Llama(llama_cpp.Llama):
             except ValueError as e:
                 why = _logs.reason(cap)
                 if "Failed to create llama_context" in str(e):
+                    swa = f", type_k_swa={tk_swa.name}, type_v_swa={tv_swa.name}" if swa_differs else ""
                     raise ContextCreationError(
-                        f"llama.cpp refused to create the context (type_k={tk.name}, type_v={tv.name}, "
+                        f"llama.cpp refused to create the context (type_k={tk.name}, type_v={tv.name}{swa}, "
                         f"flash_attn={flash_attn_name(fa)}): {why or 'no reason logged'}",
                         why,
                     ) from None
@@ -151,6 +180,7 @@ class Llama(llama_cpp.Llama):
                 raise
         self._vq_keep = keep
         self._vq_type_k, self._vq_type_v = tk, tv
+        self._vq_type_k_swa, self._vq_type_v_swa = tk_swa, tv_swa
         self._vq_flash_attn_requested = fa
         self._vq_flash_attn = self._resolved_flash_attn(cap.text(), fa)
 
@@ -179,10 +209,27 @@ class Llama(llama_cpp.Llama):
     def cache_types(self) -> tuple[str, str]:
         return self._vq_type_k.name, self._vq_type_v.name
 
+    @property
+    def swa_cache_types(self) -> tuple[str, str]:
+        """The cache types requested for sliding-window layers (kv_cache_info() says what was allocated)."""
+        return self._vq_type_k_swa.name, self._vq_type_v_swa.name
+
     def kv_cache_info(self) -> KVCacheInfo:
         """Types, cells and bytes of K and of V as llama.cpp allocated them (llama_kv_cache_size)."""
         sizes = _native.kv_cache_size(self._ctx.ctx) if _native.has_kv_cache_size() else None
         if sizes is None:
             raise RuntimeError("this model's memory is not a KV cache (recurrent or hybrid model)")
         k, v, n = sizes
-        return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v)
+        swa = _native.kv_cache_swa(self._ctx.ctx) if _native.has_swa_cache_types() else None
+        if swa is None:
+            return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v)
+        tk_swa, tv_swa, k_swa, v_swa = swa
+        return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v,
+                           _type_name(tk_swa), _type_name(tv_swa), k_swa, v_swa)
+
+
+def _type_name(ggml_type: int) -> str | None:
+    try:
+        return parse_cache_type(ggml_type).name
+    except CacheConfigError:
+        return None  # GGML_TYPE_COUNT: that cache has no layers
