@@ -66,6 +66,25 @@ def fingerprint_model(path: Path, extra: str = "") -> str:
     return h.hexdigest()
 
 
+def cache_types_identity(
+    type_k: str, type_v: str, type_k_swa: str | None = None, type_v_swa: str | None = None
+) -> dict[str, str]:
+    """The cache-type keys of a state file's identity.
+
+    The sliding-window layers' types of an iSWA model are recorded (``type_k_swa``/``type_v_swa``)
+    whenever they differ from the full layers' (both, even if only one differs); when they are the
+    same, type_k/type_v describe every layer and the keys are left out, so that files written before
+    per-layer types existed keep matching.
+    """
+    ident = {"type_k": type_k, "type_v": type_v}
+    k_swa = type_k if type_k_swa is None else type_k_swa
+    v_swa = type_v if type_v_swa is None else type_v_swa
+    if (k_swa, v_swa) != (type_k, type_v):
+        ident["type_k_swa"] = k_swa
+        ident["type_v_swa"] = v_swa
+    return ident
+
+
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     if n == 0:

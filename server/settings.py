@@ -59,6 +59,9 @@ class Settings:
     chat_format: str | None = None
     log_level: str = "info"
     verbose: bool = False
+    # perf (issue 12): per-layer cache types of iSWA models; None = the same as cache_type_k / cache_type_v
+    cache_type_k_swa: str | None = None
+    cache_type_v_swa: str | None = None
 
     @property
     def split_mode_value(self) -> int:
@@ -411,6 +414,24 @@ OPTIONS: tuple[Option, ...] = (
         "LEVEL",
     ),
     Option("verbose", ("-v", "--verbose"), _bool, "Also print llama.cpp's own log.", switch=True),
+    # perf (issue 12): per-layer cache types of iSWA models
+    Option(
+        "cache_type_k_swa",
+        ("--cache-type-k-swa",),
+        _cache_type,
+        "KV cache type of K in the sliding-window layers of an iSWA model (e.g. MiMo-V2-Flash): "
+        "default the same as --cache-type-k. Their cache is only window-sized, so f16 there costs "
+        "little memory and avoids quantization error on most layers. Ignored for other models.",
+        "TYPE",
+    ),
+    Option(
+        "cache_type_v_swa",
+        ("--cache-type-v-swa",),
+        _cache_type,
+        "KV cache type of V in the sliding-window layers of an iSWA model: default the same as "
+        "--cache-type-v.",
+        "TYPE",
+    ),
 )
 
 _EPILOG = """\
@@ -559,7 +580,8 @@ def check_against_model(s: Settings, model: Path) -> None:
         return
     try:
         llama_vq.check_config(model, type_k=s.cache_type_k, type_v=s.cache_type_v,
-                              flash_attn=s.flash_attn)
+                              flash_attn=s.flash_attn, type_k_swa=s.cache_type_k_swa,
+                              type_v_swa=s.cache_type_v_swa)
     except llama_vq.ConfigError as e:
         raise SettingsError(str(e)) from None
     if s.chat_format is not None:
