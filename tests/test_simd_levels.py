@@ -1,10 +1,14 @@
 """The CPU kernels' float64 reference tests on the other x86 SIMD level too.
 
 The build compiles one SIMD level, the one /proc/cpuinfo reports (cmake/llama_vq_detect.cmake): CI machines of
-our class are AVX2-only or AVX-512. The quantized OUT_PROD kernels (patches 0010, 0014, 0018) take paths that
-differ by level: ggml's vec_mad macros (8 or 16 floats per register), llamafile_sgemm's tiles (it refuses
-n_kv % 8 on AVX2 and n_kv % 16 on AVX-512, so another set of cases falls back to the tile path) and the AVX2
-register kernels, compiled at both levels. The suite's own run covers the build's level; this test builds only
+our class are AVX2-only or AVX-512. What the quantized OUT_PROD kernels compile, per level:
+* 0010 (tile path): the AVX2 nibble unpack of q4_0/q4_1/iq4_nl under __AVX2__ (both levels), and the tile update
+  through ggml's GGML_F32 macros: 8 floats x 4 registers per step (GGML_F32_STEP 32) with AVX2, 16 x 4 (64)
+  with AVX-512, the rest of a row scalar; without AVX2 (generic) loops the compiler vectorizes.
+* 0014 (prefill): llamafile_sgemm's F32 tinyBLAS, __m256 tiles needing n_kv % 8 == 0 with AVX2, __m512 tiles
+  needing n_kv % 16 == 0 with AVX-512, so other cases fall back to the tile path at each level.
+* 0018 (decode registers): __AVX2__ && __FMA__ intrinsics at both levels (EVEX-encoded with AVX-512 flags).
+The suite's own run covers the build's level; this test builds only
 libggml-base + libggml-cpu at the other level (LLAMA_VQ_CPU_FEATURES, into build/simd-LEVEL, through ccache) and
 runs tests/test_out_prod_reference.py against it in a fresh interpreter, where no other libggml is loaded.
 A level this CPU cannot run is skipped with the reason (an AVX2-only machine cannot run AVX-512 code).
