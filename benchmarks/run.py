@@ -202,7 +202,8 @@ def build_tools(
     else:
         args.append("-DGGML_CCACHE=OFF")
     if backend == "cpu":
-        # portable x86-64 with AVX2/FMA/F16C, never -march=native (AMX trap on CI Xeons: DESIGN.md)
+        # portable x86-64 with AVX2/FMA/F16C, never -march=native
+        # (AMX trap on CI Xeons: docs/architecture.md, decision 3)
         args += ["-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
     elif backend == "cuda":
         args += [

@@ -3,13 +3,14 @@
 #
 #   scripts/build.sh install [EXTRAS]   # into the current Python environment (e.g. "test")
 #   scripts/build.sh wheel DIR          # wheels of llama-vq and bindings-only llama-cpp-python into DIR
+#   scripts/build.sh sdist DIR          # llama-vq's sdist (with the pinned llama.cpp source) into DIR
 #
 # Python: $PYTHON (default: python3 on PATH). Environment passes through to the build:
 # LLAMA_VQ_BACKEND, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS, LLAMA_VQ_CPU_FEATURES.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 py=${PYTHON:-python3}
-mode=${1:?usage: scripts/build.sh install [EXTRAS] | wheel DIR}
+mode=${1:?usage: scripts/build.sh install [EXTRAS] | wheel DIR | sdist DIR}
 
 "$py" -m pip install -q 'scikit-build-core>=0.10' 'tomli>=2; python_version < "3.11"'
 # The pinned, hash-checked llama.cpp source; the sdist it comes from is also llama-cpp-python's.
@@ -34,5 +35,11 @@ case "$mode" in
         "${bindings_only[@]}" "$py" -m pip wheel -q --no-deps -w "$out" "$sdist"
         "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$out" .
         ;;
-    *) echo "usage: scripts/build.sh install [EXTRAS] | wheel DIR" >&2; exit 2 ;;
+    sdist)
+        out=${2:?usage: scripts/build.sh sdist DIR}
+        mkdir -p "$out"
+        # the PEP 517 hook itself (no extra 'build' package needed); vendor/llama.cpp is in it (pyproject)
+        "$py" -c 'import sys; from scikit_build_core.build import build_sdist; print(build_sdist(sys.argv[1]))' "$out"
+        ;;
+    *) echo "usage: scripts/build.sh install [EXTRAS] | wheel DIR | sdist DIR" >&2; exit 2 ;;
 esac

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,19 @@ def llama_vq():
 def smollm2_path(llama_vq) -> Path:
     """SmolLM2-135M-Instruct Q4_1: the embedded default model (pip-fetched once, sha256-checked)."""
     return llama_vq.default_model_path()
+
+
+@pytest.fixture(scope="session")
+def mimo_path(tmp_path_factory, smollm2_path) -> Path:
+    """A MiMo-shaped model (arch mimo2, tiny preset: SWA window 32 + full layers, sinks on SWA layers,
+    K/Q head 192, V head 128, 2 KV heads on full layers and 4 on SWA layers), random weights."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import synth_models
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    path = tmp_path_factory.mktemp("mimo") / "mimo-tiny.gguf"
+    return synth_models.write_mimo_like(path, preset="tiny", tokenizer_from=smollm2_path, seed=7)
 
 
 @pytest.fixture(scope="session")

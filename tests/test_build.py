@@ -64,7 +64,7 @@ def test_native_libraries_use_origin_rpath_and_unversioned_sonames(llama_vq):
 
 
 def test_cpu_build_is_portable_without_native_or_amx(build):
-    # DESIGN.md decision 3: -march=native on an AMX Xeon enables ggml's AMX kernels, which fault.
+    # docs/architecture.md, decision 3: -march=native on an AMX Xeon enables ggml's AMX kernels, which fault.
     assert not any("AMX" in f for f in build.cpu_features)
     assert "AMX_INT8 = 1" not in build.system_info
     assert "AMX" not in " ".join(build.cpu_features)

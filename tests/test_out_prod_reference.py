@@ -56,6 +56,12 @@ def ggml():
         pytest.skip(f"libggml-base/libggml-cpu not built in {lib_dir}")
     base = ctypes.CDLL(str(base_path), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(str(cpu_path), mode=ctypes.RTLD_GLOBAL)
+    maps = Path("/proc/self/maps")
+    if os.environ.get("LLAMA_VQ_GGML_LIB_DIR") and maps.exists():
+        # with another libggml-cpu loaded, calls inside ggml-cpu could bind to its symbols instead
+        loaded = {line.split()[-1] for line in maps.read_text().splitlines() if "libggml" in line}
+        others = {p for p in loaded if Path(p).parent.resolve() != lib_dir.resolve()}
+        assert not others, f"libggml from another build is loaded too: {sorted(others)}"
 
     p, i64, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
     sigs = {

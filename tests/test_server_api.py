@@ -147,10 +147,14 @@ def test_stop_string_cuts_the_text_before_it(client):
 
 
 def test_same_seed_same_sample_at_temperature_one(client):
-    kw = dict(model="smol", messages=CHAT, max_tokens=16, temperature=1.0, top_p=1.0, seed=1234)
-    a = client.chat.completions.create(**kw).choices[0].message.content
-    b = client.chat.completions.create(**kw).choices[0].message.content
+    kw = dict(model="smol", messages=CHAT, max_tokens=16, temperature=1.0, top_p=1.0)
+    a = client.chat.completions.create(**kw, seed=1234).choices[0].message.content
+    b = client.chat.completions.create(**kw, seed=1234).choices[0].message.content
     assert a == b
+    # control: the seed is what fixes the sample (16 tokens at temperature 1 over a 49K vocabulary: another
+    # seed gives another text; three tries so that one coincidence cannot fail the test)
+    others = [client.chat.completions.create(**kw, seed=s).choices[0].message.content for s in (1, 2, 3)]
+    assert any(o != a for o in others), others
 
 
 def test_json_object_response_format_gives_parseable_json(client):
@@ -357,14 +361,24 @@ def test_unknown_path_and_wrong_method_use_the_error_body(http):
     assert _error(http.get("/v1/chat/completions"), 405)["code"] == "method_not_allowed"
 
 
-def test_server_survives_every_error_above_and_counts_them(http, srv):
+def test_server_survives_errors_and_counts_them(http, srv):
+    """Self-contained (no reliance on the tests above having run): counters move by what this test sends."""
+    ok = 'llama_vq_http_requests_total{route="/v1/chat/completions",status="200"}'
+    bad = ok.replace("200", "400")
+    before = parse_metrics(http.get("/metrics").text)
+    for body in ({"messages": "nope"}, {"messages": CHAT, "max_tokens": -1}, {"messages": CHAT, "n": True}):
+        _error(http.post("/v1/chat/completions", json=body), 400)
+    _error(http.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}),
+           400)
+    r = http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
     assert http.get("/health").status_code == 200
     m = parse_metrics(http.get("/metrics").text)
-    assert m['llama_vq_http_requests_total{route="/v1/chat/completions",status="400"}'] >= 10
-    assert m['llama_vq_http_requests_total{route="/v1/chat/completions",status="200"}'] >= 5
-    assert m["llama_vq_prompt_tokens_total"] > 0 and m["llama_vq_generated_tokens_total"] > 0
-    assert m["llama_vq_time_to_first_token_seconds_count"] > 0
-    assert m["llama_vq_time_per_output_token_seconds_count"] > 0
+    d = {k: m.get(k, 0) - before.get(k, 0) for k in m}
+    assert d[bad] == 4 and d[ok] == 1, d
+    assert d["llama_vq_prompt_tokens_total"] > 0 and d["llama_vq_generated_tokens_total"] > 0
+    assert d["llama_vq_time_to_first_token_seconds_count"] == 1
+    assert d["llama_vq_time_per_output_token_seconds_count"] > 0
     assert m['llama_vq_kv_cache_bytes{tensor="v"}'] == 30 * 3 * 64 * 2 * 1024
     assert m["llama_vq_queue_depth"] == 0
     assert "Traceback" not in srv.log()

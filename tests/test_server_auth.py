@@ -73,6 +73,12 @@ def test_schema_declares_bearer_auth(srv):
 
 
 def test_the_key_never_appears_in_the_log(srv):
+    # self-contained: this test sends the key (right and wrong) and a generation itself, then reads the log
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, headers=srv.headers(), timeout=120)
+    assert r.status_code == 200, r.text
+    wrong = httpx.get(srv.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}-wrong"}, timeout=30)
+    assert wrong.status_code == 401
     assert KEY not in srv.log()
 
 

@@ -97,21 +97,19 @@ def test_client_disconnect_mid_stream_stops_generation_and_frees_the_model(srv):
         lines = r.iter_lines()
         for _ in range(6):  # a few chunks: generation is under way
             next(lines)
-    t0 = time.monotonic()
     srv.wait_metric(
         "llama_vq_requests_cancelled_total",
         lambda v: v >= before.get("llama_vq_requests_cancelled_total", 0) + 1,
     )
-    srv.wait_metric("llama_vq_requests_running", lambda v: v == 0, deadline_s=10)
-    freed_after = time.monotonic() - t0
+    srv.wait_metric("llama_vq_requests_running", lambda v: v == 0)
     r = _chat(srv.url, "Hi", max_tokens=4)
     assert r.status_code == 200
     generated = (
         srv.metrics()["llama_vq_generated_tokens_total"] - before["llama_vq_generated_tokens_total"]
     )
-    # 900 tokens were asked for; stopping at the next token leaves far fewer (6 read + in flight).
+    # 900 tokens were asked for; stopping at the next token leaves far fewer (6 read + in flight). Counted in
+    # tokens, not seconds: a wall-clock bound depends on the machine's load.
     assert generated < 300, generated
-    assert freed_after < 10
 
 
 def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(smollm2_path, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,11 +162,19 @@ def test_cli_exits_2_with_a_clear_message_before_loading_the_model(tmp_path, smo
 
 
 def test_cli_exits_2_for_a_cache_type_the_build_cannot_run(tmp_path, smollm2_path, build):
+    message = "type_v='q4_0' with flash_attn off needs llama-vq's V patch"
     if build.nonfa_quantized_v:
-        pytest.skip("this build carries the V patch: q4_0 V without flash attention is valid")
+        # the CLI's check is llama_vq's validation function: run it as a build without the V patch does
+        import llama_vq
+        from llama_vq._validate import check_cache_config
+
+        with pytest.raises(llama_vq.CacheConfigError, match=re.escape(message)):
+            check_cache_config(smollm2_path, llama_vq.parse_cache_type("f16"), llama_vq.parse_cache_type("q4_0"),
+                               llama_vq.parse_flash_attn("off"), nonfa_quantized_v=False)
+        return
     r = _cli("-m", str(smollm2_path), "-ctv", "q4_0", "-fa", "off", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
-    assert "type_v='q4_0' with flash_attn off needs llama-vq's V patch" in r.stderr
+    assert message in r.stderr
 
 
 def test_cli_help_lists_flags_and_their_environment_variables(tmp_path):

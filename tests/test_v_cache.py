@@ -7,7 +7,8 @@ What is checked, against what:
   existing noise floor, FA off against FA on with f16 V; on SmolLM2 and on a MiMo-shaped synthetic
   model (SWA + full layers, sinks, K 192 / V 128) with a prompt long enough that the SWA cache wraps;
 * KV state save/load with the new row-major quantized V, across FA on/off, and refusals;
-* the CPU kernels of the new path against a float64 numpy reference;
+* the graph that ships: V*softmax(KQ) as one OUT_PROD straight from the quantized cache (its CPU kernels
+  against float64: tests/test_out_prod_reference.py);
 * llama.cpp's own test-save-load-state with -fa off -ctk q8_0 -ctv q8_0 when the tool was built.
 
 CPU time: the whole module took 4.3 min wall (2.1 min of CPU) with LLAMA_VQ_TEST_THREADS=1 on a 2-core machine
@@ -16,76 +17,60 @@ shared with other builds; most of it is the fidelity and state runs on SmolLM2.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from v_cache_support import (
-    GGML,
-    GGML_TYPE_F16,
-    GGML_TYPE_F32,
+    N_THREADS,
     QTYPES,
     compare,
-    cpu_supports_copy,
     eval_logits,
     greedy,
     long_text,
-    run_v_path,
+    make,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 V_TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl"]
 K_TYPES = ["f16", *V_TYPES]
-# CI has 2 cores; on a machine shared with other jobs, 1 thread avoids ggml's spinning threads stalling
-N_THREADS = int(os.environ.get("LLAMA_VQ_TEST_THREADS", "2"))
-
-
-def make(llama_vq, path, *, type_k="f16", type_v="f16", flash_attn=False, **kw):
-    kw.setdefault("n_ctx", 1024)
-    kw.setdefault("n_threads", N_THREADS)
-    kw.setdefault("n_threads_batch", N_THREADS)
-    kw.setdefault("seed", 1234)
-    return llama_vq.Llama(str(path), type_k=type_k, type_v=type_v, flash_attn=flash_attn, verbose=False, **kw)
-
-
-@pytest.fixture(scope="module")
-def mimo_path(tmp_path_factory, smollm2_path) -> Path:
-    """A MiMo-shaped model (arch mimo2, tiny preset: SWA window 32 + full layers, sinks on SWA layers,
-    K/Q head 192, V head 128, 2 KV heads on full layers and 4 on SWA layers), random weights."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import synth_models
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    path = tmp_path_factory.mktemp("mimo") / "mimo-tiny.gguf"
-    return synth_models.write_mimo_like(path, preset="tiny", tokenizer_from=smollm2_path, seed=7)
-
-
-@pytest.fixture(scope="module")
-def ggml(llama_vq) -> GGML:
-    from llama_vq._binding import LIB_DIR
-
-    return GGML(LIB_DIR)
-
-
 # ----------------------------------------------------------------------------
 # loads and generates
 
 
+PAIR_PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
+
+
+@pytest.fixture(scope="module")
+def pair_reference(llama_vq, smollm2_path):
+    """f16 K/V: FA off (the reference) and the FA on/off floor over PAIR_PROMPT."""
+    ref_llm = make(llama_vq, smollm2_path, n_ctx=256, logits_all=True)
+    tokens = ref_llm.tokenize(PAIR_PROMPT.encode())
+    ref = eval_logits(ref_llm, tokens)
+    on = eval_logits(make(llama_vq, smollm2_path, n_ctx=256, logits_all=True, flash_attn=True), tokens)
+    return tokens, ref, compare(ref, on, tokens)
+
+
 @pytest.mark.parametrize("type_v", V_TYPES)
 @pytest.mark.parametrize("type_k", K_TYPES)
-def test_quantized_v_without_flash_attn_loads_and_generates(llama_vq, smollm2_path, type_k, type_v):
-    llm = make(llama_vq, smollm2_path, type_k=type_k, type_v=type_v, n_ctx=256)
+def test_quantized_v_without_flash_attn_loads_and_generates(llama_vq, smollm2_path, pair_reference, type_k, type_v):
+    """Every K/V pair loads, generates, and its logits are finite and as close to f16 as the same cache types'
+    FA-on path (upstream's reference) gets. Bound (DESIGN decision 8, docs/architecture.md): KL from f16 of FA
+    off <= 2 x that of FA on + 2 x the f16 FA on/off floor; two independent runs, so the floor counts twice
+    and the factor 2 absorbs chaotic divergence between them. A scrambled V costs 0.1-1 nats, far above."""
+    tokens, ref, floor = pair_reference
+    llm = make(llama_vq, smollm2_path, type_k=type_k, type_v=type_v, n_ctx=256, logits_all=True)
     assert llm.flash_attn is False
     info = llm.kv_cache_info()
     assert (info.type_k, info.type_v) == (type_k, type_v)
-    prompt = llm.tokenize(b"The capital of France is")
-    out = greedy(llm, prompt, 4)
+    logits = eval_logits(llm, tokens)
+    assert np.isfinite(logits).all(), "NaN or inf logits"
+    on = eval_logits(make(llama_vq, smollm2_path, type_k=type_k, type_v=type_v, flash_attn=True, n_ctx=256,
+                          logits_all=True), tokens)
+    off_kl, on_kl = compare(ref, logits, tokens).kl_mean, compare(ref, on, tokens).kl_mean
+    print(f"\nK {type_k} V {type_v}: KL from f16 FA off {off_kl:.3e}, FA on {on_kl:.3e}, floor {floor.kl_mean:.3e}")
+    assert off_kl <= 2 * on_kl + 2 * floor.kl_mean
+    out = greedy(llm, llm.tokenize(b" The capital of Germany is"), 4)
     assert len(out) == 4 and all(0 <= t < llm.n_vocab() for t in out)
 
 
@@ -113,15 +98,21 @@ def test_q4_0_v_cache_takes_4_5_16ths_of_f16(llama_vq, smollm2_path):
 # probabilities and the dequantized V to f16; the CPU FA kernel uses f16 Q for an f16 K and accumulates an f16
 # V in f16. SmolLM2 is very sensitive to this: even f32 K/V give KL ~4e-3 between FA off and on. Measured here
 # (32 probes, CPU): SmolLM2 KL 2.6e-3..3.9e-3 (floor 3.9e-3); MiMo-shaped with f16 K 4e-6..2e-5 except q5_0
-# 5e-4 (one probe at 1.6e-2), with q4_0 / q8_0 K 2.5e-4 / 1.7e-4 (floor 1.3e-4); top-1 >= 0.875. A wrong V
-# layout or head mapping scrambles the attention output, which we expect at KL of order 0.1-1 nats. So:
-# * every case: mean KL <= 0.01 nats and top-1 agreement >= 0.85 (one flip among 32 probes is 3 points);
+# 5e-4 (one probe at 1.6e-2), with q4_0 / q8_0 K 2.5e-4 / 1.7e-4 (floor 1.3e-4); top-1 >= 0.875 (2-core AVX2
+# EPYC). On a 2-core AVX-512 EPYC: SmolLM2 5.1e-4..1.4e-3 (floor 3.7e-3, top-1 0.964), MiMo 1.6e-6..7.7e-5 (floor
+# 1.3e-4, top-1 0.992), every case top-1 >= 0.969. A wrong V layout or head mapping scrambles the attention
+# output, which we expect at KL of order 0.1-1 nats (25x SmolLM2's floor, 1000x MiMo's). So, with the floor
+# measured in the same run (it moves with the CPU's SIMD level and summation order):
+# * every case: mean KL <= KL_FLOOR_FACTOR x the floor's, and top-1 agreement at most TOP1_FLIPS probes below
+#   the floor's (one flip among 32 probes is 3 points);
 # * q8_0 V with f16 K (the issue's criterion, met with margin): mean KL within the f16 floor (+1e-6 nats).
 #   Coarser types can exceed the floor when the probe token's own K/V, computed from FA-on vs FA-off hidden
 #   states that differ by rounding, land on different quantization steps.
 # Perplexity over 32 probes is too noisy for the issue's 0.3%; llama-perplexity's KL mode measures it over
 # thousands of tokens (see the report); here it is only printed.
 
+KL_FLOOR_FACTOR = 10
+TOP1_FLIPS = 4
 FIDELITY_CASES = (
     [("smollm2", "f16", t) for t in ("q4_0", "q8_0", "iq4_nl")] + [("smollm2", "q8_0", "q8_0")]
     + [("mimo", "f16", t) for t in V_TYPES] + [("mimo", "q4_0", "q4_0"), ("mimo", "q8_0", "q8_0")]
@@ -190,8 +181,8 @@ def test_quantized_v_without_flash_attn_matches_flash_attn_logits(llama_vq, requ
     got = compare(logits[False], logits[True], [0, *nxt])  # compare() scores row i against tokens[i + 1]
     print(f"\n[{model}] K {type_k} V {type_v}, FA off vs on, shared cache: {got}   (floor: {floor})")
 
-    assert got.kl_mean <= 0.01
-    assert got.top1 >= 0.85
+    assert got.kl_mean <= KL_FLOOR_FACTOR * floor.kl_mean
+    assert got.top1 >= floor.top1 - TOP1_FLIPS / len(positions)
     if (type_k, type_v) == ("f16", "q8_0"):
         assert got.kl_mean <= floor.kl_mean + 1e-6
 
@@ -323,59 +314,17 @@ def test_two_streams_match_one_stream_with_quantized_v_without_flash_attn(llama_
             llama_cpp.llama_free(ctx)
 
     both = run(prompts, 2)
+    # reference: the f16 FA on/off floor (mean KL of two attention arithmetics); here the cache contents and the
+    # arithmetic are the same and only the batch composition (so the kernels' tiling) differs, so every position
+    # must agree more closely than the floor's average; a stream leak scrambles positions (KL 0.1-1 nats)
+    floor = _floor(llama_vq, "smollm2", smollm2_path, {"n_batch": 128, "n_ubatch": 128},
+                   _tokens(llama_vq, smollm2_path))
     for k, seq in enumerate(prompts):
         alone = run([seq], 1)[0]
         agree = compare(alone, both[k], seq)
-        # same cache contents and arithmetic, only the batch composition differs: rounding-level agreement
-        assert agree.kl_max < 1e-4, agree
-        assert agree.top1 == 1.0, agree
-
-
-# ----------------------------------------------------------------------------
-# CPU kernels of the new path against float64
-
-
-@pytest.mark.parametrize("name", list(QTYPES))
-@pytest.mark.parametrize("hsv,nh_kv,nr2,kv,kv_size,nb,n_stream", [
-    (64, 2, 1, 113, 256, 1, 1),
-    (128, 2, 4, 113, 256, 3, 2),
-    (128, 1, 16, 96, 128, 5, 1),   # MQA, 16 query heads per KV head
-    (128, 4, 2, 64, 64, 7, 2),     # MiMo-like V head 128, cache full
-])
-def test_cpu_kernels_of_quantized_v_path_match_float64_reference(ggml, name, hsv, nh_kv, nr2, kv, kv_size, nb,
-                                                                  n_stream):
-    r = run_v_path(ggml, name, hsv, nh_kv, nr2, kv, kv_size, nb, n_stream)
-    ref_v = r.ref_v.transpose(0, 2, 1, 3)  # [n_stream, nh_kv, kv, hsv]
-
-    # dequantization (CPY q -> F32 from a permuted view of the cache): d*q (+m) in float32, so within one
-    # float32 rounding of the float64 value
-    np.testing.assert_allclose(r.v_f32, ref_v, rtol=2 ** -23, atol=1e-12)
-    # transposed copy into F16: exactly numpy's round-to-nearest-even of the F32 values
-    np.testing.assert_array_equal(r.v_f16, r.v_f32.transpose(0, 1, 3, 2).astype(np.float16))
-
-    # kq*v with GQA broadcast (query head h reads KV head h // nr2): the CPU rounds kq to f16 (the F16
-    # matrix's vec_dot type) and sums in float32. Against float64 on the same f16 inputs the error is
-    # float32 summation only: bound it by 1e-5 of sum |kq||v| (kv <= 113 terms, 2^-24 each, plus margin).
-    v16 = r.v_f16.astype(np.float64)  # [n_stream, nh_kv, hsv, kv]
-    kq16 = r.kq.astype(np.float16).astype(np.float64)  # [n_stream, nh, nb, kv]
-    heads = np.arange(nh_kv * nr2) // nr2
-    want = np.einsum("shtk,shdk->shtd", kq16, v16[:, heads])
-    scale = np.einsum("shtk,shdk->shtd", np.abs(kq16), np.abs(v16[:, heads]))
-    assert np.all(np.abs(r.out - want) <= 1e-5 * scale + 1e-30)
-    # and against the exact float64 product (V and kq unrounded): within the two f16 roundings (2^-11 each)
-    exact = np.einsum("shtk,shkd->shtd", r.kq.astype(np.float64), ref_v[:, heads])
-    assert np.all(np.abs(r.out - exact) <= 2 * 2 ** -11 * scale * (1 + 1e-3) + 1e-30)
-
-
-@pytest.mark.parametrize("name", list(QTYPES))
-def test_cpu_backend_claims_only_the_quantized_copies_it_implements(ggml, name):
-    # dequantizing rows to F32 is implemented (ggml_compute_forward_dup_from_q) ...
-    assert cpu_supports_copy(ggml, name, GGML_TYPE_F32, transposed_src=False)
-    # ... quantized to F16 and copies of a transposed quantized tensor are not: the backend must say so
-    # instead of aborting (or reading out of bounds) at compute time
-    assert not cpu_supports_copy(ggml, name, GGML_TYPE_F16, transposed_src=False)
-    assert not cpu_supports_copy(ggml, name, GGML_TYPE_F32, transposed_src=True)
-    assert not cpu_supports_copy(ggml, name, QTYPES[name][0], transposed_src=True)
+        print(f"\nstream {k}: two streams vs alone: {agree}   (floor: {floor})")
+        assert agree.kl_max < floor.kl_mean, agree
+        assert agree.top1 >= floor.top1, agree
 
 
 # ----------------------------------------------------------------------------
@@ -421,101 +370,3 @@ def test_llama_cpp_save_load_state_tool_with_quantized_v_without_flash_attn(llam
         # at step 1, then SIGSEGV in test 7; q8_0 K + f16 V + FA off: the same), while f16 K/V pass all tests.
         assert res.get(5) == "FAIL", (res, out[-3000:])
         pytest.xfail(f"upstream seq-copy (device) bug for quantized caches: tool exit {proc.returncode}, {res}")
-
-
-# ----------------------------------------------------------------------------
-# graph structure: with a quantized cache, llama.cpp rotates q/k/v by a Hadamard matrix (attn_rot_k/v). Patch 0016
-# builds each rotation right next to its consumer, which is what lets a backend fuse them (0017, CUDA): the K and V
-# rotations just before their cache stores, the queries' just before K*Q, the output's just after the CONT that
-# un-permutes it. This reads the graph llama.cpp really computes (the scheduler's eval callback, node by node).
-
-
-class _GgmlTensor(ctypes.Structure):  # struct ggml_tensor (ggml.h) of the pinned llama.cpp
-    _fields_ = [
-        ("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4),
-        ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32),
-        ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p), ("view_offs", ctypes.c_size_t),
-        ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64), ("extra", ctypes.c_void_p),
-        ("padding", ctypes.c_char * 8),
-    ]
-
-
-GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
-VIEW_OPS = {"RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"}
-
-
-def _graph_nodes(llama_vq, ggml, path, type_k, type_v, n_tokens=4, **kw) -> list[dict]:
-    """The nodes of one decode of n_tokens, FA off, in the order the backend computes them."""
-    import llama_cpp
-
-    nodes: list[dict] = []
-
-    @llama_cpp.ggml_backend_sched_eval_callback
-    def record(t, ask, user_data):  # noqa: ARG001
-        if ask:
-            x = ctypes.cast(t, ctypes.POINTER(_GgmlTensor)).contents
-            nodes.append({"addr": t, "op": ggml.op_name(x.op).decode(), "hint": x.op_params[1],
-                          "src": list(x.src), "view_src": x.view_src, "name": x.name.decode()})
-        return False  # never stop to look at data: the graph runs as one piece
-
-    llm = make(llama_vq, path, n_ctx=256, **kw)  # the weights; its own context is not used
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch = 256, 32, 32
-    params.n_threads = params.n_threads_batch = N_THREADS
-    params.type_k, params.type_v = GGML_TYPES[type_k], GGML_TYPES[type_v]
-    params.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
-    params.cb_eval, params.cb_eval_user_data = record, None
-    ctx = llama_cpp.llama_init_from_model(llm._model.model, params)
-    assert ctx
-    try:
-        toks = llm.tokenize(b"The quick brown fox jumps")[:n_tokens]
-        assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one((llama_cpp.llama_token * len(toks))(*toks),
-                                                                          len(toks))) == 0
-    finally:
-        llama_cpp.llama_free(ctx)
-    assert any(n["name"].startswith("kq") for n in nodes), "node names unreadable: struct layout changed?"
-    return nodes
-
-
-def _rotations_by_neighbour(nodes: list[dict]) -> dict[str, int]:
-    at = {n["addr"]: n for n in nodes}
-
-    def root(addr):  # the tensor a view (chain) looks at
-        n = at.get(addr)
-        return n["view_src"] if n and n["view_src"] else addr
-
-    found = {"store": 0, "kq": 0, "output": 0, "apart": 0}
-    for i, n in enumerate(nodes):
-        if n["op"] != "MUL_MAT" or n["hint"] != 1:  # GGML_HINT_SRC0_IS_HADAMARD
-            continue
-        prev2 = nodes[i - 2:i]
-        if (len(prev2) == 2 and prev2[0]["op"] == "CONT" and prev2[1]["op"] == "RESHAPE"
-                and prev2[1]["src"][0] == prev2[0]["addr"] and n["src"][1] == prev2[1]["addr"]):
-            found["output"] += 1
-            continue
-        j = i + 1
-        while j < len(nodes) and nodes[j]["op"] in VIEW_OPS:
-            j += 1
-        c = nodes[j] if j < len(nodes) else {"op": None}
-        if c["op"] == "SET_ROWS" and root(c["src"][0]) == n["addr"]:
-            found["store"] += 1
-        elif c["op"] == "MUL_MAT" and root(c["src"][1]) == n["addr"]:
-            found["kq"] += 1
-        else:
-            found["apart"] += 1
-    return found
-
-
-@pytest.mark.parametrize("model,type_k,type_v,expect", [
-    ("smollm2", "q4_0", "q4_0", {"store": 2, "kq": 1, "output": 1}),
-    ("smollm2", "f16", "q8_0", {"store": 1, "kq": 0, "output": 1}),
-    ("smollm2", "q8_0", "f16", {"store": 1, "kq": 1, "output": 0}),
-    ("mimo", "q4_0", "q4_0", {"store": 2, "kq": 1, "output": 1}),  # iSWA: full and sliding-window layers
-])
-def test_attention_rotations_sit_next_to_their_consumers(llama_vq, ggml, request, model, type_k, type_v, expect):
-    path = request.getfixturevalue("smollm2_path" if model == "smollm2" else "mimo_path")
-    nodes = _graph_nodes(llama_vq, ggml, path, type_k, type_v)
-    n_layer = sum(1 for n in nodes if n["name"].startswith("kq-") and n["op"] == "MUL_MAT")
-    assert n_layer > 0
-    found = _rotations_by_neighbour(nodes)
-    assert found == {**{k: v * n_layer for k, v in expect.items()}, "apart": 0}, found

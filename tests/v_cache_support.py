@@ -1,17 +1,31 @@
-"""Helpers for tests/test_v_cache.py: logits comparisons, greedy decoding, and a float64 reference
-for the CPU kernels that the quantized-V attention path runs (through ctypes on libggml).
+"""Helpers for the V-cache tests: contexts, logits comparisons, greedy decoding, and a few ggml functions through
+ctypes on libggml (graphs built by hand, what the CPU backend claims to support).
 
-Nothing here is a fixture; test_v_cache.py owns the fixtures.
+Nothing here is a fixture; the test modules own theirs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+# CI has 2 cores; on a machine shared with other jobs, 1 thread avoids ggml's spinning threads stalling
+N_THREADS = int(os.environ.get("LLAMA_VQ_TEST_THREADS", "2"))
+
+
+def make(llama_vq, path, *, type_k="f16", type_v="f16", flash_attn=False, **kw):
+    """A llama_vq.Llama on ``path`` with the tests' defaults (1024 cells, N_THREADS, a fixed seed)."""
+    kw.setdefault("n_ctx", 1024)
+    kw.setdefault("n_threads", N_THREADS)
+    kw.setdefault("n_threads_batch", N_THREADS)
+    kw.setdefault("seed", 1234)
+    return llama_vq.Llama(str(path), type_k=type_k, type_v=type_v, flash_attn=flash_attn, verbose=False, **kw)
+
 
 # ----------------------------------------------------------------------------
 # prompts: plain prose, several hundred tokens (SmolLM2's tokenizer gives ~1 token per 4 characters)
@@ -108,8 +122,6 @@ def greedy(llm, tokens: list[int], n: int) -> list[int]:
 # ----------------------------------------------------------------------------
 # quantized blocks in numpy (layouts from ggml-common.h), exact in float64
 
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float64)
-
 # name: (ggml_type, bytes per 32-element block)
 QTYPES = {"q4_0": (2, 18), "q4_1": (3, 20), "q5_0": (6, 22), "q5_1": (7, 24), "q8_0": (8, 34), "iq4_nl": (20, 18)}
 GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
@@ -126,39 +138,6 @@ def random_blocks(name: str, n_blocks: int, rng: np.random.Generator) -> np.ndar
         m = rng.uniform(-0.5, 0.5, n_blocks).astype(np.float16)
         raw[:, 2:4] = m.view(np.uint8).reshape(n_blocks, 2)
     return raw
-
-
-def dequantize(name: str, raw: np.ndarray) -> np.ndarray:
-    """Float64 values of blocks ``raw`` (uint8 [n_blocks, size]) -> [n_blocks*32]."""
-    d = raw[:, 0:2].copy().view(np.float16).astype(np.float64)  # [n, 1]
-    if name == "q8_0":
-        q = raw[:, 2:34].view(np.int8).astype(np.float64)
-        return (d * q).reshape(-1)
-    if name in ("q4_0", "iq4_nl"):
-        qs = raw[:, 2:18]
-    elif name == "q4_1":
-        qs = raw[:, 4:20]
-    elif name == "q5_0":
-        qs = raw[:, 6:22]
-    else:  # q5_1
-        qs = raw[:, 8:24]
-    lo = (qs & 0x0F).astype(np.int64)
-    hi = (qs >> 4).astype(np.int64)
-    if name in ("q5_0", "q5_1"):
-        off = 2 if name == "q5_0" else 4
-        qh = raw[:, off:off + 4].copy().view("<u4").astype(np.int64)  # [n, 1]
-        j = np.arange(16)
-        lo = lo | (((qh >> j) << 4) & 0x10)
-        hi = hi | ((qh >> (j + 12)) & 0x10)
-    q = np.concatenate([lo, hi], axis=1).astype(np.float64)  # elements 0..15 then 16..31
-    if name == "q4_0":
-        return (d * (q - 8)).reshape(-1)
-    if name == "q5_0":
-        return (d * (q - 16)).reshape(-1)
-    if name == "iq4_nl":
-        return (d * KVALUES_IQ4NL[q.astype(np.int64)]).reshape(-1)
-    m = raw[:, 2:4].copy().view(np.float16).astype(np.float64)
-    return (d * q + m).reshape(-1)
 
 
 # ----------------------------------------------------------------------------
@@ -180,6 +159,7 @@ class GGML:
         sig = {
             "ggml_init": (P, [_InitParams]),
             "ggml_free": (None, [P]),
+            "ggml_new_tensor_2d": (P, [P, I32, I64, I64]),
             "ggml_new_tensor_3d": (P, [P, I32, I64, I64, I64]),
             "ggml_new_tensor_4d": (P, [P, I32, I64, I64, I64, I64]),
             "ggml_view_4d": (P, [P, P, I64, I64, I64, I64, SZ, SZ, SZ, SZ]),
@@ -187,6 +167,8 @@ class GGML:
             "ggml_transpose": (P, [P, P]),
             "ggml_cast": (P, [P, P, I32]),
             "ggml_cont": (P, [P, P]),
+            "ggml_cpy": (P, [P, P, P]),
+            "ggml_view_2d": (P, [P, P, I64, I64, SZ, SZ]),
             "ggml_mul_mat": (P, [P, P, P]),
             "ggml_new_graph": (P, [P]),
             "ggml_build_forward_expand": (None, [P, P]),
@@ -217,58 +199,6 @@ class GGML:
         n = int(np.prod(shape))
         buf = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(self.get_data(t))
         return np.frombuffer(buf, dtype=dtype).reshape(tuple(reversed(shape))).copy()
-
-
-@dataclass
-class VPathResult:
-    v_f32: np.ndarray  # [n_stream, nh_kv, kv, hsv]  (numpy order of ggml [hsv, kv, nh_kv, n_stream])
-    v_f16: np.ndarray  # [n_stream, nh_kv, hsv, kv]
-    out: np.ndarray  # [n_stream, nh_kv*nr2, nb, hsv]
-    ref_v: np.ndarray  # float64 V as the cache holds it: [n_stream, kv, nh_kv, hsv]
-    kq: np.ndarray  # float32 [n_stream, nh_kv*nr2, nb, kv]
-
-
-def run_v_path(g: GGML, name: str, hsv: int, nh_kv: int, nr2: int, kv: int, kv_size: int, nb: int,
-               n_stream: int, seed: int = 0, n_threads: int = 2) -> VPathResult:
-    """Run, on the CPU backend, the ops llm_graph_context::build_attn_mha() runs for a quantized V with
-    flash attention off: view of the row-major cache -> permute -> cast to F32 -> transpose -> cast to
-    F16 -> mul_mat with KQ (GQA broadcast over heads, streams in dim 3)."""
-    qtype, bsize = QTYPES[name]
-    rng = np.random.default_rng(seed)
-    n_embd_v_gqa = hsv * nh_kv
-    n_blocks = n_embd_v_gqa * kv_size * n_stream // QK
-    raw = random_blocks(name, n_blocks, rng)
-    ref_cache = dequantize(name, raw).reshape(n_stream, kv_size, nh_kv, hsv)
-    kq = rng.uniform(0.0, 1.0, size=(n_stream, nh_kv * nr2, nb, kv)).astype(np.float32)
-
-    mem = 64 * 1024 * 1024 + 8 * (raw.nbytes + kq.nbytes + n_stream * nh_kv * kv * hsv * 6
-                                   + n_stream * nh_kv * nr2 * nb * hsv * 4)
-    ctx = g.context(mem)
-    try:
-        cache = g.new_tensor_3d(ctx, qtype, n_embd_v_gqa, kv_size, n_stream)
-        ctypes.memmove(g.get_data(cache), raw.ctypes.data, raw.nbytes)
-        rs = lambda n: g.row_size(qtype, n)  # noqa: E731
-        v = g.view_4d(ctx, cache, hsv, nh_kv, kv, n_stream, rs(hsv), rs(n_embd_v_gqa), rs(n_embd_v_gqa * kv_size), 0)
-        v = g.permute(ctx, v, 0, 2, 1, 3)
-        v_f32 = g.cast(ctx, v, GGML_TYPE_F32)
-        v_f16 = g.cast(ctx, g.transpose(ctx, v_f32), GGML_TYPE_F16)
-        kq_t = g.new_tensor_4d(ctx, GGML_TYPE_F32, kv, nb, nh_kv * nr2, n_stream)
-        ctypes.memmove(g.get_data(kq_t), kq.ctypes.data, kq.nbytes)
-        out = g.mul_mat(ctx, v_f16, kq_t)
-        gf = g.new_graph(ctx)
-        g.build_forward_expand(gf, out)
-        status = g.graph_compute_with_ctx(ctx, gf, n_threads)
-        if status != 0:
-            raise RuntimeError(f"ggml_graph_compute_with_ctx returned {status}")
-        return VPathResult(
-            v_f32=g.read(v_f32, np.float32, (hsv, kv, nh_kv, n_stream)),
-            v_f16=g.read(v_f16, np.float16, (kv, hsv, nh_kv, n_stream)),
-            out=g.read(out, np.float32, (hsv, nb, nh_kv * nr2, n_stream)),
-            ref_v=ref_cache[:, :kv],
-            kq=kq,
-        )
-    finally:
-        g.free(ctx)
 
 
 def cpu_supports_copy(g: GGML, name: str, dst_type: int, transposed_src: bool) -> bool:

@@ -14,6 +14,7 @@ Exit status 0 on success; 1 with a message that says what to do otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import shutil
@@ -95,10 +96,25 @@ def extract(pin: Pin, sdist: Path, vendor: Path = VENDOR) -> None:
             f"{sdist} has sha256 {digest}, expected {pin.sdist_sha256}. Delete it and run again."
         )
     prefix = f"llama_cpp_python-{pin.llama_cpp_python}/vendor/llama.cpp/"
-    staging = vendor.parent / (vendor.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    n = 0
+    vendor.parent.mkdir(parents=True, exist_ok=True)
+    # fetches hold the lock one at a time (fetch()): a staging directory seen now is an interrupted fetch's
+    for stale in vendor.parent.glob(vendor.name + ".partial*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    # a staging directory of our own: even a fetch the lock does not cover never shares it
+    staging = Path(tempfile.mkdtemp(prefix=vendor.name + ".partial-", dir=vendor.parent))
+    try:
+        n = _extract_into(sdist, prefix, staging)
+        (staging / STAMP_NAME).write_text(pin.stamp)
+        if is_current(pin, vendor):  # another fetch finished first: keep its tree
+            return
+        shutil.rmtree(vendor, ignore_errors=True)
+        staging.rename(vendor)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"llama-vq: vendor/llama.cpp filled ({n} entries, llama.cpp {pin.llama_cpp_commit[:10]})")
+
+
+def _extract_into(sdist: Path, prefix: str, staging: Path) -> int:
     with tarfile.open(sdist, "r:gz") as tar:
         members = []
         for m in tar.getmembers():
@@ -113,23 +129,39 @@ def extract(pin: Pin, sdist: Path, vendor: Path = VENDOR) -> None:
             raise VendorError(f"{sdist} holds no {prefix}: not the expected llama-cpp-python sdist")
         kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(staging, members=members, **kwargs)
-        n = len(members)
-    (staging / STAMP_NAME).write_text(pin.stamp)
-    shutil.rmtree(vendor, ignore_errors=True)
-    staging.rename(vendor)
-    print(f"llama-vq: vendor/llama.cpp filled ({n} entries, llama.cpp {pin.llama_cpp_commit[:10]})")
+        return len(members)
+
+
+@contextlib.contextmanager
+def _fetch_lock(vendor: Path):
+    """Serialize fetches of one checkout (two builds started at once): an advisory lock next to vendor/."""
+    vendor.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unique staging directories still keep fetches apart
+        yield
+        return
+    with open(vendor.parent / (vendor.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def fetch(vendor: Path = VENDOR) -> Path:
     pin = read_pin()
     if is_current(pin, vendor):
         return vendor
-    if (vendor / "CMakeLists.txt").exists() and not (vendor / STAMP_NAME).exists():
-        raise VendorError(
-            f"{vendor} exists but carries no pin stamp ({STAMP_NAME}); it may be hand-edited. "
-            "Fix: delete it and run `python tools/vendor.py fetch` to get the pristine pinned tree."
-        )
-    extract(pin, sdist_path(pin), vendor)
+    with _fetch_lock(vendor):
+        if is_current(pin, vendor):  # filled by a fetch that held the lock before us
+            return vendor
+        if (vendor / "CMakeLists.txt").exists() and not (vendor / STAMP_NAME).exists():
+            raise VendorError(
+                f"{vendor} exists but carries no pin stamp ({STAMP_NAME}); it may be hand-edited. "
+                "Fix: delete it and run `python tools/vendor.py fetch` to get the pristine pinned tree."
+            )
+        extract(pin, sdist_path(pin), vendor)
     return vendor
 
 
