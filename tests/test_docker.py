@@ -48,9 +48,11 @@ def test_rocm_image_runs_the_server_as_a_non_root_user_in_the_gpu_groups():
     users = [rest for word, rest in final if word == "USER"]
     assert users and users[-1] not in ("root", "0"), users
     runs = " ".join(rest for word, rest in final if word == "RUN")
-    m = re.search(r"useradd (.*?) (\S+)(?: |$)", runs)
-    assert m and m.group(2) == users[-1], runs
-    assert re.search(r"--groups video,render\b", m.group(1)), m.group(1)
+    m = re.search(r"useradd ([^;&|]*)", runs)
+    assert m, runs
+    words = m.group(1).split()
+    assert words[-1] == users[-1], words
+    assert "--groups" in words and set(words[words.index("--groups") + 1].split(",")) == {"video", "render"}, words
 
 
 def test_rocm_image_listens_on_all_interfaces_on_the_documented_port_with_a_health_check():
@@ -94,6 +96,7 @@ def test_dockerignore_keeps_builds_caches_venvs_and_vendor_stamps_out_of_the_con
         assert not tops & {i for i in ignored if "/" not in i and "*" not in i}, tops & ignored
 
 
+@pytest.mark.slow
 def test_vendor_sdist_prints_only_the_path_on_stdout_even_when_it_fetches(tmp_path):
     sys.path.insert(0, str(ROOT / "tools"))
     import _pin
@@ -105,12 +108,13 @@ def test_vendor_sdist_prints_only_the_path_on_stdout_even_when_it_fetches(tmp_pa
     links = tmp_path / "links"
     links.mkdir()
     shutil.copy(cached, links / cached.name)
-    env = {**os.environ, "LLAMA_VQ_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1",
-           "PIP_FIND_LINKS": str(links)}
+    # pip reaches the configured index (the sdist's build backend comes from there) and this local copy
+    find_links = " ".join(x for x in (os.environ.get("PIP_FIND_LINKS", ""), str(links)) if x)
+    env = {**os.environ, "LLAMA_VQ_CACHE": str(tmp_path / "cache"), "PIP_FIND_LINKS": find_links}
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "vendor.py"), "sdist"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "fetching" in proc.stderr  # it did download (from the local link), and said so on stderr
+    assert "fetching" in proc.stderr  # it did download, and said so on stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and Path(lines[0]).is_file() and Path(lines[0]).name == cached.name, proc.stdout
     assert Path(lines[0]).is_relative_to(tmp_path / "cache")

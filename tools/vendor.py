@@ -67,7 +67,8 @@ def sdist_path(pin: Pin) -> Path:
         # --require-hashes makes pip itself refuse anything but the pinned file.
         req.write_text(f"llama-cpp-python=={pin.llama_cpp_python} --hash=sha256:{pin.sdist_sha256}\n")
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            # only this package as an sdist: its build backend (for the metadata step) may come as a wheel
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
             "--require-hashes", "-r", str(req), "-d", tmp,
         ]
         print(f"llama-vq: fetching llama-cpp-python=={pin.llama_cpp_python} sdist with pip", file=sys.stderr)
