@@ -98,6 +98,8 @@ provision() {
     mirror=$(host_mirror)
     unmount_all
     if [ ! -f "$stamp" ]; then
+        # never delete through a bind mount (this checkout is bound into the chroot while it is in use)
+        ! grep -q " $root/" /proc/self/mounts || die "something is still mounted under $root: unmount it first"
         rm -rf "$root" "$root".*.log
         mkdir -p "$root"
         log "debootstrap --variant=minbase $suite from the host's Debian mirror into $root"
