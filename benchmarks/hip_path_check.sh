@@ -13,8 +13,8 @@ set -u
 t0=$(date +%s)
 log() { echo "[hip-path $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/hip_path.txt"; }
 B=/tmp/hip-path-build
-log "build test-backend-ops (FA kernels off)"
-build_tools "$B" off test-backend-ops
+log "build llama-bench and test-backend-ops (FA kernels off)"
+build_tools "$B" off
 bin=$B/build/bin
 log built
 
