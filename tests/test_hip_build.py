@@ -20,6 +20,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,15 +56,26 @@ def test_hip_toolchain_lock_pins_the_suite_state_and_every_package_at_rocm_6_1_o
 
 
 @pytest.mark.slow
-def test_hip_toolchain_refuses_without_root_with_a_clear_message(tmp_path):
+def test_hip_toolchain_refuses_without_root_with_a_clear_message():
     if not shutil.which("setpriv") or os.geteuid() != 0:
         pytest.skip("needs root and setpriv to run the script as another user")
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LLAMA_VQ_HIP_CHROOT": str(tmp_path / "chroot")}
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(SCRIPT),
-                           "provision"], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
-    assert "needs root" in proc.stderr and "Nothing was changed" in proc.stderr, proc.stderr
-    assert not (tmp_path / "chroot").exists()
+    # a copy that the unprivileged user can read (a checkout or pytest's tmp_path may be root-only)
+    d = Path(tempfile.mkdtemp(prefix="hip-toolchain-noroot-"))
+    try:
+        os.chmod(d, 0o755)
+        (d / "scripts").mkdir(mode=0o755)
+        for name in ("hip-toolchain.sh", "hip-toolchain.lock"):
+            shutil.copy(ROOT / "scripts" / name, d / "scripts" / name)
+            os.chmod(d / "scripts" / name, 0o644)
+        env = {"PATH": os.environ["PATH"], "HOME": str(d), "LLAMA_VQ_HIP_CHROOT": str(d / "chroot")}
+        proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash",
+                               str(d / "scripts" / "hip-toolchain.sh"), "provision"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode != 0
+        assert "needs root" in proc.stderr and "Nothing was changed" in proc.stderr, proc.stderr
+        assert not (d / "chroot").exists()
+    finally:
+        shutil.rmtree(d)
 
 
 @pytest.mark.slow
