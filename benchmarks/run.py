@@ -3,6 +3,7 @@
 
     python benchmarks/run.py --backend cpu            # SmolLM2, 2 threads, depths 0 and 4096
     python benchmarks/run.py --backend cuda           # synthetic 8B-shaped and MiMo-shaped models
+    python benchmarks/run.py --backend hip            # the same on AMD (GPU_TARGETS, default gfx90a: MI210)
 
 One command: builds llama-bench (+ llama-perplexity, test-backend-ops) from the patched tree
 (tools/patches.py export, then CMake), generates the synthetic models where it runs
@@ -86,8 +87,8 @@ def default_configs(backend: str, cuda_fa: bool, everything: bool = False) -> tu
                     dict(config=c.key, fa=fa, type_k=k, type_v=v, status="skipped", reason=reason)
                 )
                 continue
-            if backend == "cuda" and fa == "on" and not cuda_fa:
-                reason = "this CUDA build has no FA kernels (--cuda-fa off, GGML_CUDA_FA=OFF)"
+            if backend in ("cuda", "hip") and fa == "on" and not cuda_fa:
+                reason = f"this {backend.upper()} build has no FA kernels (--cuda-fa off, GGML_CUDA_FA=OFF)"
                 skipped.append(
                     dict(config=c.key, fa=fa, type_k=k, type_v=v, status="skipped", reason=reason)
                 )
@@ -124,6 +125,10 @@ def machine_info(backend: str) -> dict:
             text=True,
         )
         info["gpus"] = [s.strip() for s in q.stdout.strip().splitlines()]
+    if backend == "hip" and shutil.which("rocm-smi"):
+        q = subprocess.run(["rocm-smi", "--showproductname", "--showmeminfo", "vram", "--csv"],
+                           capture_output=True, text=True)
+        info["gpus"] = [s.strip() for s in q.stdout.strip().splitlines() if s.strip()]
     return info
 
 
@@ -209,6 +214,20 @@ def build_tools(
         args += [
             "-DGGML_CUDA=ON",
             "-DCMAKE_CUDA_ARCHITECTURES=90",
+            f"-DGGML_CUDA_FA={'ON' if cuda_fa else 'OFF'}",
+            f"-DGGML_CUDA_FA_QUANTS={CUDA_FA_QUANTS}",
+        ]
+    elif backend == "hip":
+        # clang from the ROCm install as the HIP compiler (llama.cpp's documented HIP build)
+        if shutil.which("hipconfig") and not os.environ.get("HIPCXX"):
+            llvm = subprocess.run(["hipconfig", "-l"], capture_output=True, text=True).stdout.strip()
+            os.environ["HIPCXX"] = os.path.join(llvm, "clang")
+            os.environ.setdefault(
+                "HIP_PATH", subprocess.run(["hipconfig", "-R"], capture_output=True, text=True).stdout.strip()
+            )
+        args += [
+            "-DGGML_HIP=ON",
+            f"-DGPU_TARGETS={os.environ.get('GPU_TARGETS', 'gfx90a')}",
             f"-DGGML_CUDA_FA={'ON' if cuda_fa else 'OFF'}",
             f"-DGGML_CUDA_FA_QUANTS={CUDA_FA_QUANTS}",
         ]
@@ -389,7 +408,7 @@ def run_config(
     cmd += ["-n", str(a.n) if a.n else "0"]
     if a.threads:
         cmd += ["-t", str(a.threads)]
-    if a.backend == "cuda":
+    if a.backend in ("cuda", "hip"):
         cmd += ["-ngl", "99"]
     cmd += a.extra
     status = dict(
@@ -454,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--backend", choices=["cpu", "cuda"], required=True)
+    ap.add_argument("--backend", choices=["cpu", "cuda", "hip"], required=True)
     ap.add_argument(
         "--out", type=Path, help="output folder (default: benchmarks/out/<backend>-<time>)"
     )

@@ -6,13 +6,17 @@
 #   scripts/build.sh sdist DIR          # llama-vq's sdist (with the pinned llama.cpp source) into DIR
 #
 # Python: $PYTHON (default: python3 on PATH). Environment passes through to the build:
-# LLAMA_VQ_BACKEND, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS, LLAMA_VQ_CPU_FEATURES.
+# LLAMA_VQ_BACKEND, GPU_TARGETS, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS, LLAMA_VQ_CPU_FEATURES.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 py=${PYTHON:-python3}
 mode=${1:?usage: scripts/build.sh install [EXTRAS] | wheel DIR | sdist DIR}
 
 "$py" -m pip install -q 'scikit-build-core>=0.10' 'tomli>=2; python_version < "3.11"'
+# GPU_TARGETS (e.g. gfx90a for MI210), as llama.cpp's HIP build names it, also from the environment
+if [ -n "${GPU_TARGETS:-}" ]; then
+    export CMAKE_ARGS="${CMAKE_ARGS:-} -DGPU_TARGETS=$GPU_TARGETS"
+fi
 # The pinned, hash-checked llama.cpp source; the sdist it comes from is also llama-cpp-python's.
 "$py" tools/vendor.py fetch
 sdist=$("$py" tools/vendor.py sdist)

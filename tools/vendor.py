@@ -7,6 +7,9 @@ sha256 before anything is extracted.
 
     python tools/vendor.py fetch      # no-op when the pinned tree is already there
     python tools/vendor.py status     # print what is there
+    python tools/vendor.py sdist      # print the path of the pinned sdist (fetched when missing)
+
+Progress goes to stderr; stdout carries only what a command prints as its result (sdist: one path).
 
 Exit status 0 on success; 1 with a message that says what to do otherwise.
 """
@@ -65,10 +68,10 @@ def sdist_path(pin: Pin) -> Path:
         # --require-hashes makes pip itself refuse anything but the pinned file.
         req.write_text(f"llama-cpp-python=={pin.llama_cpp_python} --hash=sha256:{pin.sdist_sha256}\n")
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
             "--require-hashes", "-r", str(req), "-d", tmp,
         ]
-        print(f"llama-vq: fetching llama-cpp-python=={pin.llama_cpp_python} sdist with pip", flush=True)
+        print(f"llama-vq: fetching llama-cpp-python=={pin.llama_cpp_python} sdist with pip", file=sys.stderr)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         got = Path(tmp) / name
         if proc.returncode != 0 or not got.exists():
@@ -111,7 +114,7 @@ def extract(pin: Pin, sdist: Path, vendor: Path = VENDOR) -> None:
         staging.rename(vendor)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    print(f"llama-vq: vendor/llama.cpp filled ({n} entries, llama.cpp {pin.llama_cpp_commit[:10]})")
+    print(f"llama-vq: vendor/llama.cpp filled ({n} entries, llama.cpp {pin.llama_cpp_commit[:10]})", file=sys.stderr)
 
 
 def _extract_into(sdist: Path, prefix: str, staging: Path) -> int:
