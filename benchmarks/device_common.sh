@@ -47,3 +47,18 @@ for l in sys.stdin:
     r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" \
         | tee -a "$txt"
 }
+
+# fusion_ran LOG OP: whether the test-backend-ops run logged in LOG (with LLAMA_VQ_CUDA_FUSION_STATS=1) ran
+# OP's rotation fusion at least once (patch 0031 prints the counts at exit); a test that passed without the
+# fused kernel proves nothing about it. OPs without a fusion count as ran.
+fusion_ran() {
+    local kind
+    case "$2" in
+        HADAMARD_SET_ROWS) kind=set_rows ;;
+        CONT_HADAMARD) kind=cont ;;
+        HADAMARD_KQ) kind=kq ;;
+        *) return 0 ;;
+    esac
+    grep -o "rotation fusions run: .*" "$1" | grep -o "$kind=[0-9]*" | cut -d= -f2 \
+        | awk '{ s += $1 } END { exit !(s > 0) }'
+}

@@ -22,12 +22,13 @@ bin=$B/build/bin
 log built
 
 export LLAMA_VQ_CUDA_FUSE_ROTATION=1
-log "1. test-backend-ops against the CPU (fusions on)"
+log "1. test-backend-ops against the CPU (fusions on; each fusion's own test must have run it: 0031's counts)"
 fail=0
 for op in HADAMARD_SET_ROWS CONT_HADAMARD HADAMARD_KQ OUT_PROD SET_ROWS MUL_MAT_HADAMARD; do
-    "$bin/test-backend-ops" test -j 8 -b CUDA0 -o "$op" > "$OUT/tbo-$op.log" 2>&1 || fail=1
+    LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o "$op" > "$OUT/tbo-$op.log" 2>&1 || fail=1
     echo "$op: $(grep -E 'tests passed' "$OUT/tbo-$op.log" | tail -1)" | tee -a "$OUT/fusion.txt"
     grep -E "FAIL" "$OUT/tbo-$op.log" | head -5 | tee -a "$OUT/fusion.txt"
+    fusion_ran "$OUT/tbo-$op.log" "$op" || { echo "$op: FAILED: the fused kernel never ran" | tee -a "$OUT/fusion.txt"; fail=1; }
 done
 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o MUL_MAT -p "type_k=" > "$OUT/tbo-mul-mat-kq.log" 2>&1 || fail=1
 echo "MUL_MAT (K-shaped): $(grep -E 'tests passed' "$OUT/tbo-mul-mat-kq.log" | tail -1)" | tee -a "$OUT/fusion.txt"

@@ -42,7 +42,11 @@ fi
 log "2. the rest of the HIP-relevant ops with the switch set, and OUT_PROD in TF32"
 tbo mul-mat-kq LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 -- -o MUL_MAT -p "type_k="
 for op in HADAMARD_SET_ROWS CONT_HADAMARD HADAMARD_KQ CPY; do
-    tbo "$op" LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 -- -o "$op"
+    tbo "$op" LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_FUSION_STATS=1 -- -o "$op"
+    if ! fusion_ran "$OUT/tbo-$op.log" "$op"; then
+        log "FAILED: $op passed without its fused kernel ever running (0031's counts)"
+        fail=1
+    fi
 done
 tbo out-prod-tf32 -- -o OUT_PROD
 
