@@ -100,6 +100,23 @@ class JobStats:
     restored_tokens: int = 0
     cancelled: bool = False
     failed: bool = False
+    timings: dict[str, float] = field(default_factory=dict)  # llama-server's keys
+
+
+def timings(prompt_n: int, cache_n: int, predicted_n: int, prompt_s: float, predicted_s: float) -> dict:
+    """llama-server's ``timings`` object from counts and seconds."""
+    pms, gms = prompt_s * 1e3, predicted_s * 1e3
+    return {
+        "cache_n": cache_n,
+        "prompt_n": prompt_n,
+        "prompt_ms": pms,
+        "prompt_per_token_ms": pms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": gms,
+        "predicted_per_token_ms": gms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": predicted_n / predicted_s if predicted_s > 0 else 0.0,
+    }
 
 
 class Job:
@@ -112,6 +129,7 @@ class Job:
         self.events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.stats = JobStats()
         self.prompt_started = False
+        self.t_prompt: float | None = None
         self.t_first: float | None = None
         self.t_last: float | None = None
         self._loop = loop
@@ -239,6 +257,33 @@ class Engine:
             (),
             lambda: {(): float(self.store.total_bytes)} if self.store else {},
         )
+        metrics.llamacpp.processing = lambda: float(self._current is not None)
+        metrics.llamacpp.deferred = lambda: float(len(self._waiting))
+
+    # ---- tokenizer (thread-safe: the vocabulary only) ------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        return list(self._llm.tokenize(text.encode(), add_bos=add_special, special=parse_special))
+
+    def detokenize(self, tokens: list[int], render_special: bool = False) -> str:
+        return self._llm.detokenize(list(tokens), special=render_special).decode("utf-8", "replace")
+
+    def token_piece(self, token: int) -> bytes:
+        return self._llm.detokenize([token], special=True)
+
+    def template_facts(self) -> dict[str, str]:
+        """The model's chat template (or --chat-template-file's) and its BOS/EOS token texts."""
+        llm, s = self._llm, self.settings
+        source = str(llm.metadata.get("tokenizer.chat_template", ""))
+        if s.chat_template_file is not None:
+            source = s.chat_template_file.read_text(encoding="utf-8")
+        elif s.chat_template is not None:
+            source = s.chat_template
+
+        def text(tok: int) -> str:
+            return llm.detokenize([tok], special=True).decode("utf-8", "replace") if tok >= 0 else ""
+
+        return {"template": source, "bos_token": text(llm.token_bos()), "eos_token": text(llm.token_eos())}
 
     def _kv_bytes(self) -> dict[tuple[str, ...], float]:
         if not self.info:
@@ -510,6 +555,19 @@ class Engine:
         m.prompt_tokens.inc(st.prompt_tokens)
         m.cached_prompt_tokens.inc(st.cached_tokens)
         m.generated_tokens.inc(st.completion_tokens)
+        if job.prompt_started and job.t_prompt is not None:
+            t_first = job.t_first or time.monotonic()
+            prompt_n = max(st.prompt_tokens - st.cached_tokens, 0)
+            st.timings = timings(
+                prompt_n,
+                st.cached_tokens,
+                st.completion_tokens,
+                t_first - job.t_prompt,
+                (job.t_last or t_first) - t_first,
+            )
+            m.record_timings(st.timings)
+            batches = -(-prompt_n // max(self.settings.batch_size, 1))
+            m.llamacpp.decoded(1, batches + max(st.completion_tokens - 1, 0))
         if st.restored_tokens:
             m.state_restored_tokens.inc(st.restored_tokens)
         if job.prompt_started:
@@ -520,6 +578,7 @@ class Engine:
 
     def _before_generate(self, llm: Any, job: Job, tokens: list[int]) -> None:
         job.prompt_started = True
+        job.t_prompt = time.monotonic()
         toks = np.asarray(tokens, dtype=np.int32)
         job.stats.prompt_tokens = len(toks)
         if self.store is not None:

@@ -66,7 +66,7 @@ class Serving:
 
     @staticmethod
     def _sampling(req: protocol._Sampling) -> dict[str, Any]:
-        if req.logit_bias:
+        if getattr(req, "logit_bias", None):
             raise errors.not_supported("logit_bias", "a non-empty logit_bias")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > _MAX_STOPS:
@@ -78,16 +78,32 @@ class Serving:
             "top_p": req.top_p,
             "top_k": req.top_k,
             "min_p": req.min_p,
+            "typical_p": req.typical_p,
             "repeat_penalty": req.repeat_penalty,
             "presence_penalty": req.presence_penalty,
             "frequency_penalty": req.frequency_penalty,
-            "seed": None if req.seed is None else req.seed % (2**32),
+            "seed": None if req.seed is None or req.seed == -1 else req.seed % (2**32),
             "stop": stop,
         }
 
     @staticmethod
+    def _extension_grammar(req: Any, work: Work) -> None:
+        """llama-server's ``grammar`` (GBNF) and ``json_schema`` request fields."""
+        if req.grammar is not None and req.json_schema is not None:
+            raise errors.bad_request("grammar and json_schema: give one of them, not both", param="grammar")
+        if work.grammar is not None and (req.grammar is not None or req.json_schema is not None):
+            raise errors.bad_request(
+                "response_format: cannot be combined with grammar or json_schema", param="response_format"
+            )
+        if req.grammar is not None:
+            work.grammar, work.grammar_param = req.grammar, "grammar"
+        elif req.json_schema is not None:
+            work.grammar = _schema_gbnf(req.json_schema, "json_schema")
+            work.grammar_param = "json_schema"
+
+    @staticmethod
     def _message(m: protocol.ChatMessage, i: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": m.role}
+        out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
         if isinstance(m.content, list):
             texts = []
             for part in m.content:
@@ -104,9 +120,14 @@ class Serving:
         if m.name is not None:
             out["name"] = m.name
         if m.tool_calls:
-            out["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+            out["tool_calls"] = [
+                {**tc.model_dump(), "id": tc.id or f"call_{i}_{j}", "type": "function"}
+                for j, tc in enumerate(m.tool_calls)
+            ]
         if m.tool_call_id is not None:
             out["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content is not None:
+            out["reasoning_content"] = m.reasoning_content
         return out
 
     def chat_work(self, req: protocol.ChatCompletionRequest) -> tuple[Work, str]:
@@ -132,6 +153,7 @@ class Serving:
                 else _json_gbnf()
             )
             work.grammar_param = "response_format.json_schema.schema"
+        self._extension_grammar(req, work)
 
         if req.tools and req.tool_choice != "none":
             info = self.engine.info
@@ -209,7 +231,107 @@ class Serving:
         if isinstance(prompt, str) and not prompt:
             raise errors.bad_request("prompt: must not be empty", param="prompt")
         kw.update(prompt=prompt, max_tokens=req.max_tokens, echo=req.echo, model=model)
-        return Work(kind="completion", kwargs=kw, stream=req.stream, prompt_ids=ids), model
+        work = Work(kind="completion", kwargs=kw, stream=req.stream, prompt_ids=ids)
+        self._extension_grammar(req, work)
+        return work, model
+
+    def native_completion_work(self, req: protocol.NativeCompletionRequest) -> tuple[Work, str]:
+        """llama-server's POST /completion: text, token ids, or a mix (strings tokenized here)."""
+        model = self.model_name(None)
+        if req.n_probs:
+            raise errors.not_supported("n_probs", "n_probs > 0")
+        kw = self._sampling(req)
+        prompt: Any = req.prompt
+        ids = None
+        if isinstance(prompt, list):
+            ids = []
+            for p in prompt:
+                ids += self.engine.tokenize(p, False, True) if isinstance(p, str) else [p]
+            prompt = ids
+        if not prompt:
+            raise errors.bad_request("prompt: must not be empty", param="prompt")
+        max_tokens = None if req.n_predict is None or req.n_predict < 0 else req.n_predict
+        if max_tokens == 0:
+            raise errors.bad_request("n_predict: 0 generates nothing; use -1 or a positive count", param="n_predict")
+        kw.update(prompt=prompt, max_tokens=max_tokens, model=model)
+        work = Work(kind="completion", kwargs=kw, stream=bool(req.stream), prompt_ids=ids)
+        self._extension_grammar(req, work)
+        return work, model
+
+    # ---- llama-server's utility endpoints ------------------------------------------------------
+
+    def tokenize(self, req: protocol.TokenizeRequest) -> protocol.TokenizeResponse:
+        self._ready()
+        content = req.content if isinstance(req.content, list) else [req.content]
+        tokens: list[int] = []
+        for part in content:
+            if isinstance(part, str):
+                tokens += self.engine.tokenize(part, bool(req.add_special), bool(req.parse_special))
+            else:
+                tokens.append(part)
+        if not req.with_pieces:
+            return protocol.TokenizeResponse(tokens=tokens)
+        pieces = []
+        for t in tokens:
+            raw = self.engine.token_piece(t)
+            try:
+                piece: str | list[int] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)
+            pieces.append(protocol.TokenPiece(id=t, piece=piece))
+        return protocol.TokenizeResponse(tokens=pieces)
+
+    def detokenize(self, req: protocol.DetokenizeRequest) -> protocol.DetokenizeResponse:
+        info = self._ready()
+        bad = [t for t in req.tokens if t >= info.n_vocab]
+        if bad:
+            raise errors.bad_request(
+                f"tokens: token id {bad[0]} is outside this model's vocabulary [0, {info.n_vocab})",
+                param="tokens",
+            )
+        return protocol.DetokenizeResponse(content=self.engine.detokenize(req.tokens, False))
+
+    def apply_template(self, req: protocol.ChatCompletionRequest) -> str:
+        """The prompt a chat request renders to (POST /apply-template)."""
+        self._ready()
+        facts = self.engine.template_facts()
+        messages = [self._message(m, i) for i, m in enumerate(req.messages)]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        kwargs = {**self.engine.settings.chat_template_kwargs, **(req.chat_template_kwargs or {})}
+        return _render(facts, messages, tools or None, kwargs)
+
+    def props(self) -> protocol.Props:
+        info, s = self._ready(), self.engine.settings
+        facts = self.engine.template_facts()
+        import llama_vq  # noqa: PLC0415
+
+        bi = llama_vq.build_info()
+        params = protocol._Sampling().model_dump(
+            include={"temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+                     "repeat_last_n", "presence_penalty", "frequency_penalty"}
+        )
+        return protocol.Props(
+            default_generation_settings=protocol.GenerationSettings(n_ctx=info.n_ctx, params=params),
+            total_slots=1,
+            model_alias=info.names[0],
+            model_path=info.path,
+            chat_template=facts["template"],
+            bos_token=facts["bos_token"],
+            eos_token=facts["eos_token"],
+            build_info=f"llama-vq {bi.version} llama.cpp {bi.llama_cpp_commit[:10]} {bi.backend}",
+            cache_type_k=info.cache_type_k,
+            cache_type_v=info.cache_type_v,
+            flash_attn=info.flash_attn,
+            jinja=s.jinja,
+            reasoning_format=s.reasoning_format,
+            chat_template_kwargs=s.chat_template_kwargs,
+        )
+
+    def _ready(self) -> Any:
+        info = self.engine.info
+        if info is None or self.engine.status == "loading":
+            raise errors.unavailable("the model is still loading; retry shortly", retry_after_s=5)
+        return info
 
     # ---- running ------------------------------------------------------------------------------
 
@@ -221,7 +343,10 @@ class Serving:
         shape_result: Callable[[dict[str, Any], JobStats], Any],
         shape_chunk: Callable[[dict[str, Any]], Any],
         usage_chunk: Callable[[dict[str, Any], JobStats], Any] | None,
+        done_marker: bool = True,
     ) -> Response:
+        """Run ``work``; answer JSON, or SSE when streaming (``data: [DONE]`` last unless
+        ``done_marker`` is false, as llama-server's native /completion stream)."""
         job = self.engine.submit(work, asyncio.get_running_loop())
         watcher = asyncio.create_task(_watch_disconnect(request, job))
         handed_over = False
@@ -232,7 +357,7 @@ class Serving:
             if work.stream:
                 handed_over = True
                 return StreamingResponse(
-                    self._sse(job, (kind, data), shape_chunk, usage_chunk),
+                    self._sse(job, (kind, data), shape_chunk, usage_chunk, done_marker),
                     media_type="text/event-stream",
                     headers=_SSE_HEADERS,
                 )
@@ -258,6 +383,7 @@ class Serving:
         first: tuple[str, Any],
         shape_chunk: Callable[[dict[str, Any]], Any],
         usage_chunk: Callable[[dict[str, Any], JobStats], Any] | None,
+        done_marker: bool,
     ) -> AsyncIterator[str]:
         last: dict[str, Any] = {}
         try:
@@ -274,7 +400,8 @@ class Serving:
                         yield f"data: {final.model_dump_json(exclude_none=True)}\n\n"
                     break
                 kind, data = await job.events.get()
-            yield "data: [DONE]\n\n"
+            if done_marker:
+                yield "data: [DONE]\n\n"
         finally:
             job.cancel()
 
@@ -291,158 +418,30 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
         pass
 
 
-# ---- llama_cpp dicts -> protocol models ------------------------------------------------------
 
+def _render(facts: dict[str, str], messages: list, tools: list | None, kwargs: dict) -> str:
+    """Render a Jinja chat template in a sandbox (the variables Hugging Face templates read)."""
+    import datetime  # noqa: PLC0415
 
-def usage(stats: JobStats) -> protocol.Usage:
-    return protocol.Usage(
-        prompt_tokens=stats.prompt_tokens,
-        completion_tokens=stats.completion_tokens,
-        total_tokens=stats.prompt_tokens + stats.completion_tokens,
-        prompt_tokens_details=protocol.PromptTokensDetails(cached_tokens=stats.cached_tokens),
+    import jinja2  # noqa: PLC0415
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
+    env.globals.update(
+        raise_exception=raise_exception,
+        strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt),
     )
-
-
-def _finish(reason: Any) -> Any:
-    return (
-        reason
-        if reason in ("stop", "length", "tool_calls", "function_call", "content_filter")
-        else (None if reason is None else "stop")
-    )
-
-
-def chat_result(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.ChatCompletionResponse]:
-    def shape(r: dict[str, Any], stats: JobStats) -> protocol.ChatCompletionResponse:
-        choice = r["choices"][0]
-        msg = choice.get("message") or {}
-        calls = [
-            protocol.ResponseToolCall(
-                id=c.get("id") or f"call_{i}",
-                function=protocol.ResponseFunctionCall(
-                    name=c["function"]["name"], arguments=c["function"].get("arguments") or ""
-                ),
-            )
-            for i, c in enumerate(msg.get("tool_calls") or [])
-        ]
-        finish = "tool_calls" if calls else _finish(choice.get("finish_reason"))
-        return protocol.ChatCompletionResponse(
-            id=r["id"],
-            created=r["created"],
-            model=model,
-            choices=[
-                protocol.ChatChoice(
-                    index=0,
-                    finish_reason=finish,
-                    message=protocol.ResponseMessage(
-                        content=msg.get("content"), tool_calls=calls or None
-                    ),
-                )
-            ],
-            usage=usage(stats),
+    try:
+        return env.from_string(facts["template"]).render(
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=True,
+            bos_token=facts["bos_token"],
+            eos_token=facts["eos_token"],
+            **kwargs,
         )
-
-    return shape
-
-
-def chat_chunk(model: str) -> Callable[[dict[str, Any]], protocol.ChatCompletionChunk]:
-    def shape(c: dict[str, Any]) -> protocol.ChatCompletionChunk:
-        choices = []
-        for ch in c.get("choices") or []:
-            d = ch.get("delta") or {}
-            calls = None
-            if d.get("tool_calls"):
-                calls = [
-                    protocol.DeltaToolCall(
-                        index=tc.get("index", i),
-                        id=tc.get("id"),
-                        type=tc.get("type"),
-                        function=protocol.DeltaFunctionCall(
-                            **{
-                                k: v
-                                for k, v in (tc.get("function") or {}).items()
-                                if k in ("name", "arguments")
-                            }
-                        ),
-                    )
-                    for i, tc in enumerate(d["tool_calls"])
-                ]
-            finish = ch.get("finish_reason")
-            choices.append(
-                protocol.ChatChunkChoice(
-                    index=ch.get("index", 0),
-                    delta=protocol.Delta(
-                        role=d.get("role"), content=d.get("content"), tool_calls=calls
-                    ),
-                    finish_reason="tool_calls" if calls and finish else _finish(finish),
-                )
-            )
-        return protocol.ChatCompletionChunk(
-            id=c["id"], created=c["created"], model=model, choices=choices
-        )
-
-    return shape
-
-
-def chat_usage_chunk(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.ChatCompletionChunk]:
-    def shape(last: dict[str, Any], stats: JobStats) -> protocol.ChatCompletionChunk:
-        return protocol.ChatCompletionChunk(
-            id=last["id"], created=last["created"], model=model, choices=[], usage=usage(stats)
-        )
-
-    return shape
-
-
-def completion_result(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.CompletionResponse]:
-    def shape(r: dict[str, Any], stats: JobStats) -> protocol.CompletionResponse:
-        ch = r["choices"][0]
-        return protocol.CompletionResponse(
-            id=r["id"],
-            created=r["created"],
-            model=model,
-            usage=usage(stats),
-            choices=[
-                protocol.CompletionChoice(
-                    index=0,
-                    text=ch.get("text") or "",
-                    finish_reason=_finish(ch.get("finish_reason")),
-                )
-            ],
-        )
-
-    return shape
-
-
-def completion_chunk(model: str) -> Callable[[dict[str, Any]], protocol.CompletionResponse]:
-    def shape(c: dict[str, Any]) -> protocol.CompletionResponse:
-        return protocol.CompletionResponse(
-            id=c["id"],
-            created=c["created"],
-            model=model,
-            choices=[
-                protocol.CompletionChoice(
-                    index=ch.get("index", 0),
-                    text=ch.get("text") or "",
-                    finish_reason=_finish(ch.get("finish_reason")),
-                )
-                for ch in c.get("choices") or []
-            ],
-        )
-
-    return shape
-
-
-def completion_usage_chunk(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.CompletionResponse]:
-    def shape(last: dict[str, Any], stats: JobStats) -> protocol.CompletionResponse:
-        return protocol.CompletionResponse(
-            id=last["id"], created=last["created"], model=model, choices=[], usage=usage(stats)
-        )
-
-    return shape
+    except jinja2.TemplateError as e:
+        raise errors.bad_request(f"the chat template failed to render: {e}", param="messages") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import Any
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
 FLASH_ATTN_MODES = ("on", "off", "auto")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 # The names llama.cpp's tools accept for --cache-type-k/-v (llama_vq.CACHE_TYPES is authoritative).
 _FALLBACK_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -59,14 +61,27 @@ class Settings:
     chat_format: str | None = None
     log_level: str = "info"
     verbose: bool = False
+    # ---- serving: chat templates and llama-server compatibility (issue 9) ----
+    jinja: bool = True
+    chat_template: str | None = None  # a built-in template name of llama.cpp, or Jinja source
+    chat_template_file: Path | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_format: str = "auto"
+    cors_origins: tuple[str, ...] = ()
+    # ---- end serving ----
 
     @property
     def split_mode_value(self) -> int:
         return SPLIT_MODES[self.split_mode]
 
     @property
+    def hosts(self) -> tuple[str, ...]:
+        """The addresses to listen on (--host takes several, comma-separated)."""
+        return parse_hosts(self.host)
+
+    @property
     def loopback(self) -> bool:
-        return is_loopback(self.host)
+        return all(is_loopback(h) for h in self.hosts)
 
 
 def is_loopback(host: str) -> bool:
@@ -196,6 +211,45 @@ def _aliases(s: str) -> tuple[str, ...]:
     return names
 
 
+def parse_hosts(s: str) -> tuple[str, ...]:
+    """'127.0.0.1,::1' -> ('127.0.0.1', '::1'); IPv6 may be bracketed ('[::1]')."""
+    out = []
+    for part in s.split(","):
+        h = part.strip()
+        if h.startswith("[") and h.endswith("]"):
+            h = h[1:-1]
+        if not h:
+            raise ValueError("lists an empty address (e.g. 127.0.0.1 or 127.0.0.1,::1)")
+        if any(c.isspace() for c in h) or "/" in h:
+            raise ValueError(f"{h!r} is not an address or host name")
+        out.append(h)
+    return tuple(dict.fromkeys(out))
+
+
+def _hosts(s: str) -> str:
+    return ",".join(parse_hosts(s))
+
+
+def _template_kwargs(s: str) -> dict[str, Any]:
+    try:
+        v = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"is not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(v, dict):
+        raise ValueError('must be a JSON object, e.g. \'{"enable_thinking": true}\'')
+    return v
+
+
+def _origins(s: str) -> tuple[str, ...]:
+    out = tuple(o.strip().rstrip("/") for o in s.split(",") if o.strip())
+    if not out:
+        raise ValueError("must list '*' or origins such as https://chat.example.com")
+    for o in out:
+        if o != "*" and not re.fullmatch(r"https?://[^/\s]+", o):
+            raise ValueError(f"{o!r} is not '*' or an origin such as https://chat.example.com")
+    return out
+
+
 def _bool(s: str) -> bool:
     v = s.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -241,9 +295,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "host",
         ("--host",),
-        _nonempty,
-        "Address to listen on. Default 127.0.0.1; a non-loopback address without --api-key logs "
-        "a warning.",
+        _hosts,
+        "Address(es) to listen on, comma-separated (e.g. 127.0.0.1,::1). Default 127.0.0.1; a "
+        "non-loopback address without --api-key logs a warning.",
         "ADDR",
     ),
     Option("port", ("--port",), _int_range(1, 65535), "TCP port. Default 8080.", "PORT"),
@@ -334,7 +388,8 @@ OPTIONS: tuple[Option, ...] = (
         "ubatch_size",
         ("-ub", "--ubatch-size"),
         _int_range(1),
-        "Physical batch size. Default 512.",
+        "Physical batch size (micro-batch). Default 512, lowered to --batch-size when larger "
+        "(as llama.cpp does).",
         "N",
     ),
     Option(
@@ -411,14 +466,72 @@ OPTIONS: tuple[Option, ...] = (
         "LEVEL",
     ),
     Option("verbose", ("-v", "--verbose"), _bool, "Also print llama.cpp's own log.", switch=True),
+    # ---- serving: chat templates and llama-server compatibility (issue 9) ----
+    Option(
+        "jinja",
+        ("--jinja",),
+        _bool,
+        "Render chats with the model's Jinja template through llama.cpp's chat layer (tools, "
+        "reasoning). Default on.",
+        switch=True,
+    ),
+    Option(
+        "no_jinja",
+        ("--no-jinja",),
+        _bool,
+        "Use llama.cpp's built-in (non-Jinja) chat templates; no tool calls.",
+        switch=True,
+    ),
+    Option(
+        "chat_template",
+        ("--chat-template",),
+        _nonempty,
+        "Chat template instead of the model's: a llama.cpp built-in name (chatml, llama3, ...) or "
+        "Jinja source.",
+        "NAME",
+    ),
+    Option(
+        "chat_template_file",
+        ("--chat-template-file",),
+        _nonempty,
+        "File holding the Jinja chat template to use instead of the model's.",
+        "PATH",
+    ),
+    Option(
+        "chat_template_kwargs",
+        ("--chat-template-kwargs",),
+        _template_kwargs,
+        "JSON object of extra template variables for every request (a request's "
+        'chat_template_kwargs overrides them), e.g. \'{"enable_thinking": true}\'.',
+        "JSON",
+    ),
+    Option(
+        "reasoning_format",
+        ("--reasoning-format",),
+        _choice(REASONING_FORMATS),
+        "Where the model's thinking goes: none (left in content), deepseek (reasoning_content), "
+        "deepseek-legacy (both), auto (default: as the template's format says).",
+        "FORMAT",
+    ),
+    Option(
+        "cors_origins",
+        ("--cors-origin",),
+        _origins,
+        "Allow browsers on these origins (comma-separated, or '*') to call the API (CORS). "
+        "Default: off.",
+        "ORIGINS",
+    ),
+    # ---- end serving ----
 )
 
 _EPILOG = """\
 Every option can also be set by an environment variable: LLAMA_VQ_ + the long flag in upper case
 with '-' as '_' (LLAMA_VQ_CTX_SIZE=65536, LLAMA_VQ_API_KEY=...). A flag wins over its variable.
 
-Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API),
-GET /health (no key needed), GET /metrics (Prometheus).
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API, also
+without /v1 as llama-server has them), POST /completion, /tokenize, /detokenize, /apply-template,
+GET /props (llama-server's), GET /health (no key needed), GET /metrics (Prometheus, with
+llama-server's llamacpp:* names).
 
 Example (two GPUs, quantized V without flash attention, expert tensors of layers 0-24 on the CPU):
   llama-vq-server -m MiMo.gguf -c 65536 -ngl 999 -sm layer -ts 1,1 -ctk q8_0 -ctv q4_0 -fa off \\
@@ -514,6 +627,20 @@ def _finish(v: dict[str, Any]) -> Settings:
             raise SettingsError(f"--model {str(path)!r}: is not readable by this user")
         v["model"] = path.resolve()
 
+    if "no_jinja" in v:
+        if v.pop("no_jinja"):
+            v["jinja"] = False
+    if "chat_template_file" in v:
+        path = Path(v["chat_template_file"]).expanduser()
+        try:
+            path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or str(e)
+            raise SettingsError(f"--chat-template-file {str(path)!r}: cannot read it ({why})") from None
+        v["chat_template_file"] = path.resolve()
+        if "chat_template" in v:
+            raise SettingsError("--chat-template and --chat-template-file: give one of them, not both")
+
     if "state_dir" in v:
         d = Path(v["state_dir"]).expanduser()
         try:
@@ -526,12 +653,11 @@ def _finish(v: dict[str, Any]) -> Settings:
             raise SettingsError(f"--state-dir {str(d)!r}: is not writable by this user")
         v["state_dir"] = d.resolve()
 
+    # llama.cpp lowers the micro-batch to the batch (llama_context: n_ubatch = min(n_batch, n_ubatch)),
+    # so `-b 32` alone works as it does with llama-server.
+    if v.get("ubatch_size", Settings.ubatch_size) > v.get("batch_size", Settings.batch_size):
+        v["ubatch_size"] = v.get("batch_size", Settings.batch_size)
     st = Settings(**v)
-    if st.ubatch_size > st.batch_size:
-        raise SettingsError(
-            f"--ubatch-size {st.ubatch_size} is larger than --batch-size {st.batch_size}: "
-            "the physical batch must fit in the logical one"
-        )
     if st.state_budget <= 0:
         raise SettingsError("--state-budget: must be larger than 0")
     if st.max_body_bytes < 1024:
