@@ -272,8 +272,11 @@ class Engine:
         return self._llm.detokenize([token], special=True)
 
     def template_facts(self) -> dict[str, str]:
+        return self.template_facts_of(self._llm)
+
+    def template_facts_of(self, llm: Any) -> dict[str, str]:
         """The model's chat template (or --chat-template-file's) and its BOS/EOS token texts."""
-        llm, s = self._llm, self.settings
+        s = self.settings
         source = str(llm.metadata.get("tokenizer.chat_template", ""))
         if s.chat_template_file is not None:
             source = s.chat_template_file.read_text(encoding="utf-8")
@@ -397,6 +400,12 @@ class Engine:
             self.store = KVStore(
                 s.state_dir, identity, s.state_budget, on_event=lambda kind, n: events[kind].inc(n)
             )
+        if s.chat_template_file is not None or s.chat_template is not None:
+            facts = self.template_facts_of(llm)
+            llm.chat_handler = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
+                template=facts["template"], eos_token=facts["eos_token"], bos_token=facts["bos_token"],
+                stop_token_ids=[llm.token_eos()],
+            ).to_chat_handler()
         llm._engine = self
         self._llm = llm
 

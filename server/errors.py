@@ -106,7 +106,7 @@ _BY_CLASS: dict[str, tuple[int, str]] = {
     "PromptTooLong": (400, "context_length_exceeded"),
     "QueueFull": (429, "queue_full"),
     "Draining": (503, "unavailable"),
-    "Loading": (503, "unavailable"),
+    "NotReady": (503, "unavailable"),
     "EngineFailure": (500, "internal_error"),
 }
 
@@ -127,6 +127,8 @@ def from_exception(e: BaseException) -> ApiError:
         status, code = hit
         param = getattr(e, "param", None)
         retry = getattr(e, "retry_after_s", None)
+        if code == "context_length_exceeded" and hasattr(e, "n_prompt") and hasattr(e, "n_ctx"):
+            return context_exceeded(int(e.n_prompt), int(e.n_ctx))
         if status == 429:
             err = overloaded(int(retry or 1), int(getattr(e, "waiting", 0) or 0))
             err.message = str(e) or err.message

@@ -103,6 +103,7 @@ class Serving:
 
     @staticmethod
     def _message(m: protocol.ChatMessage, i: int) -> dict[str, Any]:
+        _check_tool_fields(m, i)
         out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
         if isinstance(m.content, list):
             texts = []
@@ -404,6 +405,29 @@ class Serving:
                 yield "data: [DONE]\n\n"
         finally:
             job.cancel()
+
+
+def _check_tool_fields(m: protocol.ChatMessage, i: int) -> None:
+    """400 naming the message and field for tool history a template cannot render faithfully."""
+    if m.role == "tool" and not m.tool_call_id:
+        raise errors.bad_request(
+            f"messages[{i}].tool_call_id: a tool message needs the id of the call it answers",
+            param=f"messages[{i}].tool_call_id",
+        )
+    if m.tool_calls and m.role != "assistant":
+        raise errors.bad_request(
+            f"messages[{i}].tool_calls: only assistant messages carry tool calls (role is {m.role!r})",
+            param=f"messages[{i}].tool_calls",
+        )
+    for j, tc in enumerate(m.tool_calls or []):
+        try:
+            args = json.loads(tc.function.arguments) if tc.function.arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            args = e
+        if not isinstance(args, dict):
+            param = f"messages[{i}].tool_calls[{j}].function.arguments"
+            raise errors.bad_request(f"{param}: must be a JSON object as text, got {tc.function.arguments[:80]!r}",
+                                     param=param)
 
 
 async def _watch_disconnect(request: Request, job: Job) -> None:
