@@ -9,18 +9,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import protocol
 from .metrics import CONTENT_TYPE
-from .serving import (
-    chat_chunk,
-    chat_result,
-    chat_usage_chunk,
-    completion_chunk,
-    completion_result,
-    completion_usage_chunk,
-)
-
 router = APIRouter()
 
-ROUTES = frozenset({"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics"})
+ROUTES = frozenset(
+    {"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics", "/slots"}
+)
 
 _ERR = {"model": protocol.ErrorResponse}
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -51,10 +44,6 @@ _SSE = {
 }
 
 
-def _include_usage(body: protocol._Sampling) -> bool:
-    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
-
-
 @router.get("/v1/models", response_model=protocol.ModelList, responses={503: _ERRORS[503]})
 async def list_models(request: Request) -> Response:
     engine = request.app.state.engine
@@ -77,14 +66,7 @@ async def list_models(request: Request) -> Response:
 )
 async def chat_completions(request: Request, body: protocol.ChatCompletionRequest) -> Response:
     serving = request.app.state.serving
-    work, model = serving.chat_work(body)
-    return await serving.run(
-        request,
-        work,
-        shape_result=chat_result(model),
-        shape_chunk=chat_chunk(model),
-        usage_chunk=chat_usage_chunk(model) if _include_usage(body) else None,
-    )
+    return await serving.run(request, serving.chat_plan(body), "chat")
 
 
 @router.post(
@@ -101,14 +83,7 @@ async def chat_completions(request: Request, body: protocol.ChatCompletionReques
 )
 async def completions(request: Request, body: protocol.CompletionRequest) -> Response:
     serving = request.app.state.serving
-    work, model = serving.completion_work(body)
-    return await serving.run(
-        request,
-        work,
-        shape_result=completion_result(model),
-        shape_chunk=completion_chunk(model),
-        usage_chunk=completion_usage_chunk(model) if _include_usage(body) else None,
-    )
+    return await serving.run(request, serving.completion_plan(body), "completion")
 
 
 @router.get(
@@ -157,3 +132,9 @@ async def health(request: Request) -> Response:
 )
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/slots", responses={200: {"description": "One entry per slot (read-only)"}})
+async def slots(request: Request) -> Response:
+    """llama-server's GET /slots, read-only: id, state, context, cached tokens, checkpoints."""
+    return JSONResponse(request.app.state.engine.slots())

@@ -52,7 +52,7 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = metrics
-    app.state.serving = Serving(engine)
+    app.state.serving = Serving(engine, settings.sse_keepalive)
     app.include_router(router)
 
     app.add_exception_handler(ApiError, _api_error)

@@ -235,6 +235,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    timings: dict[str, int | float] | None = Field(None, description="llama-server's timings (last chunk).")
 
 
 class DeltaFunctionCall(_Response):
@@ -270,6 +271,7 @@ class ChatCompletionChunk(_Response):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    timings: dict[str, int | float] | None = Field(None, description="llama-server's timings (last chunk).")
 
 
 class CompletionChoice(_Response):
@@ -287,6 +289,7 @@ class CompletionResponse(_Response):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    timings: dict[str, int | float] | None = Field(None, description="llama-server's timings (last chunk).")
 
 
 class ModelCard(_Response):

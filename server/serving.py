@@ -1,8 +1,13 @@
-"""Turns OpenAI requests into engine Work and engine events into OpenAI responses (no model access).
+"""Turns OpenAI requests into engine requests and engine events into OpenAI responses (no model access).
 
-Streaming is Server-Sent Events: one ``data: {json}`` per chunk, ``data: [DONE]`` at the end. The
-first event of a stream is awaited before the HTTP status is sent, so errors found while building
-the prompt (too long, bad template input, bad grammar) are real 4xx answers, not a broken stream.
+Interim (engine branch): the chat prompt is rendered with llama_cpp's Jinja2 chat formatter from the
+model's own template; the serving branch replaces this with llama.cpp's common/chat (issue 9). Tools
+are refused until then.
+
+Engine exceptions become OpenAI error bodies in ONE place (``api_error``). Streaming is Server-Sent
+Events: headers go out as soon as the engine accepted the request (its checks raise before that),
+``: keepalive`` comments keep proxies and clients alive while a long prompt is processed, then one
+``data: {json}`` per piece of text and ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -10,19 +15,38 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import errors, protocol
-from .engine import Engine, Job, JobStats, Work
+from .engine import errors as engine_errors
+from .engine.request import DoneEvent, GenerationRequest, Grammar, ProgressEvent, Sampling, TokenEvent
 
-log = logging.getLogger("llama_vq.server.serving")
+log = logging.getLogger("llama_vq.server")
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _MAX_STOPS = 16
+
+
+def api_error(e: engine_errors.EngineError) -> errors.ApiError:
+    """The one mapping of engine exceptions to OpenAI error answers."""
+    if isinstance(e, engine_errors.QueueFull):
+        return errors.overloaded(e.retry_after_s, e.waiting)
+    if isinstance(e, engine_errors.NotReady):
+        return errors.unavailable(str(e), retry_after_s=e.retry_after_s)
+    if isinstance(e, engine_errors.Draining):
+        return errors.unavailable(str(e))
+    if isinstance(e, engine_errors.PromptTooLong):
+        return errors.context_exceeded(e.n_prompt, e.n_ctx)
+    if isinstance(e, engine_errors.InvalidRequest):
+        return errors.bad_request(str(e), param=e.param)
+    return errors.internal(f"generation failed: {e}")
 
 
 def _json_gbnf() -> str:
@@ -44,11 +68,23 @@ def _schema_gbnf(schema: dict[str, Any], param: str) -> str:
         ) from None
 
 
-class Serving:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+@dataclass
+class Plan:
+    """An engine request plus what the response needs."""
 
-    # ---- request -> Work ----------------------------------------------------------------------
+    request: GenerationRequest
+    model: str
+    stream: bool
+    include_usage: bool
+    echo: str = ""
+    grammar_param: str = "response_format"
+
+
+class Serving:
+    def __init__(self, engine: Any, keepalive_s: float = 5.0) -> None:
+        self.engine = engine
+        self.keepalive_s = keepalive_s
+        self._formatter: Any = None
 
     def model_name(self, requested: str | None) -> str:
         names = self.engine.names
@@ -65,25 +101,23 @@ class Serving:
         return requested
 
     @staticmethod
-    def _sampling(req: protocol._Sampling) -> dict[str, Any]:
+    def _sampling(req: protocol._Sampling) -> tuple[Sampling, tuple[str, ...]]:
         if req.logit_bias:
             raise errors.not_supported("logit_bias", "a non-empty logit_bias")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > _MAX_STOPS:
-            raise errors.bad_request(
-                f"stop: at most {_MAX_STOPS} stop strings, got {len(stop)}", param="stop"
-            )
-        return {
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "top_k": req.top_k,
-            "min_p": req.min_p,
-            "repeat_penalty": req.repeat_penalty,
-            "presence_penalty": req.presence_penalty,
-            "frequency_penalty": req.frequency_penalty,
-            "seed": None if req.seed is None else req.seed % (2**32),
-            "stop": stop,
-        }
+            raise errors.bad_request(f"stop: at most {_MAX_STOPS} stop strings, got {len(stop)}", param="stop")
+        sampling = Sampling(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            repeat_penalty=req.repeat_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            seed=None if req.seed is None else req.seed % (2**32),
+        )
+        return sampling, tuple(stop)
 
     @staticmethod
     def _message(m: protocol.ChatMessage, i: int) -> dict[str, Any]:
@@ -109,93 +143,68 @@ class Serving:
             out["tool_call_id"] = m.tool_call_id
         return out
 
-    def chat_work(self, req: protocol.ChatCompletionRequest) -> tuple[Work, str]:
+    def _format_chat(self, messages: list[dict[str, Any]]) -> tuple[str, bool, tuple[str, ...]]:
+        """(prompt text, whether it already holds the special tokens, template stops)."""
+        if self._formatter is None:
+            from llama_cpp import llama_chat_format  # noqa: PLC0415
+
+            llm = self.engine.llama
+            if llm is None:
+                raise api_error(engine_errors.NotReady("the model is still loading; retry shortly", 5))
+            template = llm.metadata.get("tokenizer.chat_template") or _CHATML
+            text = lambda t: llm._model.token_get_text(t) if t != -1 else ""  # noqa: E731
+            self._formatter = llama_chat_format.Jinja2ChatFormatter(
+                template=template,
+                eos_token=text(llm.token_eos()),
+                bos_token=text(llm.token_bos()),
+                stop_token_ids=[llm.token_eos()],
+            )
+        try:
+            r = self._formatter(messages=messages)
+        except Exception as e:  # noqa: BLE001 (template errors are the request's)
+            raise errors.bad_request(f"messages: the chat template cannot render them: {e}", param="messages") from None
+        stops = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
+        return r.prompt, bool(r.added_special), stops
+
+    def chat_plan(self, req: protocol.ChatCompletionRequest) -> Plan:
         model = self.model_name(req.model)
         if req.logprobs:
             raise errors.not_supported("logprobs", "logprobs=true")
-        kw = self._sampling(req)
-        kw["messages"] = [self._message(m, i) for i, m in enumerate(req.messages)]
-        kw["max_tokens"] = req.max_completion_tokens or req.max_tokens
-        kw["model"] = model
-        work = Work(kind="chat", kwargs=kw, stream=req.stream)
-
+        if req.tools and req.tool_choice != "none":
+            raise errors.bad_request(
+                "tools: the interim chat path renders prompts with the model's chat template only and "
+                "parses no tool calls (the common/chat layer brings them)",
+                param="tools",
+            )
+        sampling, stop = self._sampling(req)
+        grammar, param = None, "response_format"
         rf = req.response_format
         if isinstance(rf, protocol.ResponseFormatJsonObject):
-            work.grammar = (
-                _schema_gbnf(rf.schema_, "response_format.schema") if rf.schema_ else _json_gbnf()
-            )
+            grammar = _schema_gbnf(rf.schema_, "response_format.schema") if rf.schema_ else _json_gbnf()
         elif isinstance(rf, protocol.ResponseFormatJsonSchema):
             schema = rf.json_schema.schema_
-            work.grammar = (
-                _schema_gbnf(schema, "response_format.json_schema.schema")
-                if schema
-                else _json_gbnf()
-            )
-            work.grammar_param = "response_format.json_schema.schema"
+            param = "response_format.json_schema.schema"
+            grammar = _schema_gbnf(schema, param) if schema else _json_gbnf()
+        messages = [self._message(m, i) for i, m in enumerate(req.messages)]
+        prompt, added_special, tmpl_stops = self._format_chat(messages)
+        tokens = self._tokenize(prompt, add_special=not added_special)
+        gen = GenerationRequest(
+            prompt=tuple(tokens),
+            sampling=sampling,
+            grammar=Grammar(grammar) if grammar else None,
+            stop=stop + tuple(s for s in tmpl_stops if s and s not in stop),
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+        )
+        return Plan(gen, model, req.stream, _include_usage(req), grammar_param=param)
 
-        if req.tools and req.tool_choice != "none":
-            info = self.engine.info
-            if info is not None and not info.supports_tools:
-                raise errors.bad_request(
-                    "tools: this model's chat template does not render tools (start the server "
-                    "with "
-                    "a --chat-format that does, e.g. chatml-function-calling)",
-                    param="tools",
-                )
-            tools = []
-            for t in req.tools:
-                d = t.model_dump(exclude_none=True)
-                d["function"].setdefault("parameters", {"type": "object", "properties": {}})
-                tools.append(d)
-            kw["tools"] = tools
-            choice = req.tool_choice
-            if choice == "required":
-                if len(tools) != 1:
-                    raise errors.bad_request(
-                        "tool_choice: 'required' is supported with exactly one tool; name the tool "
-                        "with {'type': 'function', 'function': {'name': ...}}",
-                        param="tool_choice",
-                    )
-                choice = protocol.NamedToolChoice(
-                    type="function", function={"name": tools[0]["function"]["name"]}
-                )
-            if isinstance(choice, protocol.NamedToolChoice):
-                names = [t["function"]["name"] for t in tools]
-                if choice.function.name not in names:
-                    raise errors.bad_request(
-                        f"tool_choice: names {choice.function.name!r}, which is not in tools "
-                        f"({', '.join(names)})",
-                        param="tool_choice",
-                    )
-                if work.grammar is not None:
-                    raise errors.bad_request(
-                        "response_format: cannot be combined with a forced tool_choice",
-                        param="response_format",
-                    )
-                kw["tool_choice"] = choice.model_dump()
-                # llama_cpp builds this grammar itself; check llama.cpp accepts it before running.
-                params = next(t for t in tools if t["function"]["name"] == choice.function.name)
-                try:
-                    from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: PLC0415
-
-                    work.check_grammars.append(
-                        ("tools", json_schema_to_gbnf(json.dumps(params["function"]["parameters"])))
-                    )
-                except Exception:  # noqa: BLE001 (llama_cpp falls back to plain JSON then)
-                    pass
-            else:
-                kw["tool_choice"] = "auto"
-        return work, model
-
-    def completion_work(self, req: protocol.CompletionRequest) -> tuple[Work, str]:
+    def completion_plan(self, req: protocol.CompletionRequest) -> Plan:
         model = self.model_name(req.model)
         if req.suffix is not None:
             raise errors.not_supported("suffix", "suffix (fill-in-the-middle)")
         if req.logprobs is not None:
             raise errors.not_supported("logprobs", "logprobs")
-        kw = self._sampling(req)
+        sampling, stop = self._sampling(req)
         prompt: Any = req.prompt
-        ids = None
         if isinstance(prompt, list):
             if not prompt:
                 raise errors.bad_request("prompt: must not be empty", param="prompt")
@@ -203,86 +212,98 @@ class Serving:
                 if len(prompt) != 1:
                     raise errors.not_supported("prompt", "a batch of several prompts")
                 prompt = prompt[0]
-            else:
-                ids = [int(t) for t in prompt]
-                prompt = ids
         if isinstance(prompt, str) and not prompt:
             raise errors.bad_request("prompt: must not be empty", param="prompt")
-        kw.update(prompt=prompt, max_tokens=req.max_tokens, echo=req.echo, model=model)
-        return Work(kind="completion", kwargs=kw, stream=req.stream, prompt_ids=ids), model
+        if isinstance(prompt, str):
+            tokens, echo = self._tokenize(prompt, add_special=True), prompt
+        else:
+            tokens = [int(t) for t in prompt]
+            echo = ""
+            if req.echo:
+                n_vocab = self.engine.info.n_vocab if self.engine.info else 0
+                if all(0 <= t < n_vocab for t in tokens):
+                    echo = self.engine.detokenize(tokens)
+        gen = GenerationRequest(prompt=tuple(tokens), sampling=sampling, stop=stop, max_tokens=req.max_tokens)
+        return Plan(gen, model, req.stream, _include_usage(req), echo=echo if req.echo else "")
+
+    def _tokenize(self, text: str, add_special: bool) -> list[int]:
+        try:
+            return self.engine.tokenize(text, add_special=add_special, parse_special=True)
+        except engine_errors.EngineError as e:
+            raise api_error(e) from None
 
     # ---- running ------------------------------------------------------------------------------
 
-    async def run(
-        self,
-        request: Request,
-        work: Work,
-        *,
-        shape_result: Callable[[dict[str, Any], JobStats], Any],
-        shape_chunk: Callable[[dict[str, Any]], Any],
-        usage_chunk: Callable[[dict[str, Any], JobStats], Any] | None,
-    ) -> Response:
-        job = self.engine.submit(work, asyncio.get_running_loop())
-        watcher = asyncio.create_task(_watch_disconnect(request, job))
-        handed_over = False
+    async def run(self, request: Request, plan: Plan, kind: str) -> Response:
         try:
-            kind, data = await job.events.get()
-            if kind == "error":
-                raise data
-            if work.stream:
-                handed_over = True
-                return StreamingResponse(
-                    self._sse(job, (kind, data), shape_chunk, usage_chunk),
-                    media_type="text/event-stream",
-                    headers=_SSE_HEADERS,
-                )
-            result = None
-            while kind != "end":
-                if kind == "error":
-                    raise data
-                if kind == "result":
-                    result = data
-                kind, data = await job.events.get()
-            if result is None:
-                raise errors.ApiError(499, "the request was cancelled", code="cancelled")
-            body = shape_result(result, data)
-            return JSONResponse(body.model_dump(exclude_none=True))
+            job = self.engine.submit(plan.request, asyncio.get_running_loop())
+        except engine_errors.InvalidGrammar as e:
+            raise errors.bad_request(f"{plan.grammar_param}: {e}", param=plan.grammar_param) from None
+        except engine_errors.EngineError as e:
+            raise api_error(e) from None
+        shape = _Shaper(kind, plan)
+        if plan.stream:
+            return StreamingResponse(self._sse(job, shape), media_type="text/event-stream", headers=_SSE_HEADERS)
+        watcher = asyncio.create_task(_watch_disconnect(request, job))
+        try:
+            parts: list[str] = []
+            async for ev in job.events():
+                if isinstance(ev, TokenEvent):
+                    parts.append(ev.text)
+                elif isinstance(ev, DoneEvent):
+                    done = ev
+            if done.finish_reason == "error":
+                raise errors.internal(f"generation failed: {done.error}")
+            return JSONResponse(shape.result("".join(parts), done))
         finally:
             watcher.cancel()
-            if not handed_over:
-                job.cancel()
+            job.cancel()
 
-    async def _sse(
-        self,
-        job: Job,
-        first: tuple[str, Any],
-        shape_chunk: Callable[[dict[str, Any]], Any],
-        usage_chunk: Callable[[dict[str, Any], JobStats], Any] | None,
-    ) -> AsyncIterator[str]:
-        last: dict[str, Any] = {}
+    async def _sse(self, job: Any, shape: _Shaper) -> AsyncIterator[str]:
         try:
-            kind, data = first
+            first = shape.first_chunk()
+            if first:
+                yield _data(first)
             while True:
-                if kind == "chunk":
-                    last = data
-                    yield f"data: {shape_chunk(data).model_dump_json(exclude_none=True)}\n\n"
-                elif kind == "error":
-                    yield f"data: {json.dumps(data.body())}\n\n"
-                elif kind == "end":
-                    if usage_chunk is not None and last and not data.cancelled:
-                        final = usage_chunk(last, data)
-                        yield f"data: {final.model_dump_json(exclude_none=True)}\n\n"
-                    break
-                kind, data = await job.events.get()
+                ev = await job.next_event(self.keepalive_s)
+                if ev is None or isinstance(ev, ProgressEvent):
+                    if ev is None:
+                        yield ": keepalive\n\n"
+                    continue
+                if isinstance(ev, TokenEvent):
+                    if ev.text:
+                        yield _data(shape.chunk(ev.text))
+                    continue
+                if ev.finish_reason == "error":
+                    yield _data(errors.internal(f"generation failed: {ev.error}").body())
+                else:
+                    yield _data(shape.chunk("", ev))
+                    if shape.plan.include_usage:
+                        yield _data(shape.usage_chunk(ev))
+                break
             yield "data: [DONE]\n\n"
         finally:
             job.cancel()
 
 
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel ``job`` when the client goes away before the response starts."""
+_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _include_usage(body: protocol._Sampling) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+def _data(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _watch_disconnect(request: Request, job: Any) -> None:
+    """Cancel ``job`` when the client of a non-streamed request goes away."""
     try:
-        while not job.finished:
+        while not job.finished.is_set():
             if await request.is_disconnected():
                 job.cancel()
                 return
@@ -291,158 +312,73 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
         pass
 
 
-# ---- llama_cpp dicts -> protocol models ------------------------------------------------------
-
-
-def usage(stats: JobStats) -> protocol.Usage:
+def usage(done: DoneEvent) -> protocol.Usage:
     return protocol.Usage(
-        prompt_tokens=stats.prompt_tokens,
-        completion_tokens=stats.completion_tokens,
-        total_tokens=stats.prompt_tokens + stats.completion_tokens,
-        prompt_tokens_details=protocol.PromptTokensDetails(cached_tokens=stats.cached_tokens),
+        prompt_tokens=done.prompt_tokens,
+        completion_tokens=done.completion_tokens,
+        total_tokens=done.prompt_tokens + done.completion_tokens,
+        prompt_tokens_details=protocol.PromptTokensDetails(cached_tokens=done.cached_tokens),
     )
 
 
-def _finish(reason: Any) -> Any:
-    return (
-        reason
-        if reason in ("stop", "length", "tool_calls", "function_call", "content_filter")
-        else (None if reason is None else "stop")
-    )
+def _finish(done: DoneEvent) -> str:
+    # timeout, or cancelled by the server (drain deadline): the text was cut, as at a length limit
+    return "stop" if done.finish_reason == "stop" else "length"
 
 
-def chat_result(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.ChatCompletionResponse]:
-    def shape(r: dict[str, Any], stats: JobStats) -> protocol.ChatCompletionResponse:
-        choice = r["choices"][0]
-        msg = choice.get("message") or {}
-        calls = [
-            protocol.ResponseToolCall(
-                id=c.get("id") or f"call_{i}",
-                function=protocol.ResponseFunctionCall(
-                    name=c["function"]["name"], arguments=c["function"].get("arguments") or ""
-                ),
+class _Shaper:
+    """OpenAI bodies for one response: chat.completion(.chunk) or text_completion."""
+
+    def __init__(self, kind: str, plan: Plan) -> None:
+        self.kind, self.plan = kind, plan
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _base(self) -> dict[str, Any]:
+        return {"id": self.id, "created": self.created, "model": self.plan.model}
+
+    def result(self, text: str, done: DoneEvent) -> dict[str, Any]:
+        u = usage(done)
+        if self.kind == "chat":
+            body = protocol.ChatCompletionResponse(
+                **self._base(),
+                choices=[protocol.ChatChoice(index=0, finish_reason=_finish(done),
+                                             message=protocol.ResponseMessage(content=text))],
+                usage=u, timings=done.timings,
             )
-            for i, c in enumerate(msg.get("tool_calls") or [])
-        ]
-        finish = "tool_calls" if calls else _finish(choice.get("finish_reason"))
-        return protocol.ChatCompletionResponse(
-            id=r["id"],
-            created=r["created"],
-            model=model,
-            choices=[
-                protocol.ChatChoice(
-                    index=0,
-                    finish_reason=finish,
-                    message=protocol.ResponseMessage(
-                        content=msg.get("content"), tool_calls=calls or None
-                    ),
-                )
-            ],
-            usage=usage(stats),
-        )
-
-    return shape
-
-
-def chat_chunk(model: str) -> Callable[[dict[str, Any]], protocol.ChatCompletionChunk]:
-    def shape(c: dict[str, Any]) -> protocol.ChatCompletionChunk:
-        choices = []
-        for ch in c.get("choices") or []:
-            d = ch.get("delta") or {}
-            calls = None
-            if d.get("tool_calls"):
-                calls = [
-                    protocol.DeltaToolCall(
-                        index=tc.get("index", i),
-                        id=tc.get("id"),
-                        type=tc.get("type"),
-                        function=protocol.DeltaFunctionCall(
-                            **{
-                                k: v
-                                for k, v in (tc.get("function") or {}).items()
-                                if k in ("name", "arguments")
-                            }
-                        ),
-                    )
-                    for i, tc in enumerate(d["tool_calls"])
-                ]
-            finish = ch.get("finish_reason")
-            choices.append(
-                protocol.ChatChunkChoice(
-                    index=ch.get("index", 0),
-                    delta=protocol.Delta(
-                        role=d.get("role"), content=d.get("content"), tool_calls=calls
-                    ),
-                    finish_reason="tool_calls" if calls and finish else _finish(finish),
-                )
+        else:
+            body = protocol.CompletionResponse(
+                **self._base(),
+                choices=[protocol.CompletionChoice(index=0, text=self.plan.echo + text, finish_reason=_finish(done))],
+                usage=u, timings=done.timings,
             )
-        return protocol.ChatCompletionChunk(
-            id=c["id"], created=c["created"], model=model, choices=choices
-        )
+        return body.model_dump(exclude_none=True)
 
-    return shape
+    def first_chunk(self) -> dict[str, Any] | None:
+        if self.kind == "chat":
+            return protocol.ChatCompletionChunk(
+                **self._base(), choices=[protocol.ChatChunkChoice(index=0, delta=protocol.Delta(role="assistant"))]
+            ).model_dump(exclude_none=True)
+        if self.plan.echo:
+            return self.chunk(self.plan.echo)
+        return None
 
+    def chunk(self, text: str, done: DoneEvent | None = None) -> dict[str, Any]:
+        finish = _finish(done) if done else None
+        timings = done.timings if done else None
+        if self.kind == "chat":
+            delta = protocol.Delta(content=text) if text else protocol.Delta()
+            body: Any = protocol.ChatCompletionChunk(
+                **self._base(), choices=[protocol.ChatChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                timings=timings,
+            )
+        else:
+            body = protocol.CompletionResponse(
+                **self._base(), choices=[protocol.CompletionChoice(index=0, text=text, finish_reason=finish)],
+                timings=timings,
+            )
+        return body.model_dump(exclude_none=True)
 
-def chat_usage_chunk(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.ChatCompletionChunk]:
-    def shape(last: dict[str, Any], stats: JobStats) -> protocol.ChatCompletionChunk:
-        return protocol.ChatCompletionChunk(
-            id=last["id"], created=last["created"], model=model, choices=[], usage=usage(stats)
-        )
-
-    return shape
-
-
-def completion_result(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.CompletionResponse]:
-    def shape(r: dict[str, Any], stats: JobStats) -> protocol.CompletionResponse:
-        ch = r["choices"][0]
-        return protocol.CompletionResponse(
-            id=r["id"],
-            created=r["created"],
-            model=model,
-            usage=usage(stats),
-            choices=[
-                protocol.CompletionChoice(
-                    index=0,
-                    text=ch.get("text") or "",
-                    finish_reason=_finish(ch.get("finish_reason")),
-                )
-            ],
-        )
-
-    return shape
-
-
-def completion_chunk(model: str) -> Callable[[dict[str, Any]], protocol.CompletionResponse]:
-    def shape(c: dict[str, Any]) -> protocol.CompletionResponse:
-        return protocol.CompletionResponse(
-            id=c["id"],
-            created=c["created"],
-            model=model,
-            choices=[
-                protocol.CompletionChoice(
-                    index=ch.get("index", 0),
-                    text=ch.get("text") or "",
-                    finish_reason=_finish(ch.get("finish_reason")),
-                )
-                for ch in c.get("choices") or []
-            ],
-        )
-
-    return shape
-
-
-def completion_usage_chunk(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.CompletionResponse]:
-    def shape(last: dict[str, Any], stats: JobStats) -> protocol.CompletionResponse:
-        return protocol.CompletionResponse(
-            id=last["id"], created=last["created"], model=model, choices=[], usage=usage(stats)
-        )
-
-    return shape
+    def usage_chunk(self, done: DoneEvent) -> dict[str, Any]:
+        cls: Any = protocol.ChatCompletionChunk if self.kind == "chat" else protocol.CompletionResponse
+        return cls(**self._base(), choices=[], usage=usage(done)).model_dump(exclude_none=True)
