@@ -9,17 +9,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import protocol
 from .metrics import CONTENT_TYPE
-from .shapes import (
-    chat_chunk,
-    chat_result,
-    chat_usage_chunk,
-    completion_chunk,
-    completion_result,
-    completion_usage_chunk,
-    native_chunk,
-    native_final_chunk,
-    native_result,
-)
+from .streaming import run
 
 router = APIRouter()
 
@@ -28,7 +18,7 @@ ALIASES = {"/models": "/v1/models", "/chat/completions": "/v1/chat/completions",
            "/completions": "/v1/completions", "/v1/health": "/health"}
 ROUTES = frozenset(
     {"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics", "/completion",
-     "/tokenize", "/detokenize", "/apply-template", "/props", *ALIASES}
+     "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", *ALIASES}
 )
 
 _ERR = {"model": protocol.ErrorResponse}
@@ -60,10 +50,6 @@ _SSE = {
 }
 
 
-def _include_usage(body: protocol._Sampling) -> bool:
-    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
-
-
 @router.get("/models", include_in_schema=False)
 @router.get("/v1/models", response_model=protocol.ModelList, responses={503: _ERRORS[503]})
 async def list_models(request: Request) -> Response:
@@ -88,14 +74,7 @@ async def list_models(request: Request) -> Response:
 )
 async def chat_completions(request: Request, body: protocol.ChatCompletionRequest) -> Response:
     serving = request.app.state.serving
-    work, model = serving.chat_work(body)
-    return await serving.run(
-        request,
-        work,
-        shape_result=chat_result(model),
-        shape_chunk=chat_chunk(model),
-        usage_chunk=chat_usage_chunk(model) if _include_usage(body) else None,
-    )
+    return await run(serving.engine, request, serving.chat_plan(body), serving.keepalive_s)
 
 
 @router.post("/completions", include_in_schema=False)
@@ -113,14 +92,7 @@ async def chat_completions(request: Request, body: protocol.ChatCompletionReques
 )
 async def completions(request: Request, body: protocol.CompletionRequest) -> Response:
     serving = request.app.state.serving
-    work, model = serving.completion_work(body)
-    return await serving.run(
-        request,
-        work,
-        shape_result=completion_result(model),
-        shape_chunk=completion_chunk(model),
-        usage_chunk=completion_usage_chunk(model) if _include_usage(body) else None,
-    )
+    return await run(serving.engine, request, serving.completion_plan(body), serving.keepalive_s)
 
 
 @router.get("/v1/health", include_in_schema=False)
@@ -175,15 +147,7 @@ async def health(request: Request) -> Response:
 )
 async def native_completion(request: Request, body: protocol.NativeCompletionRequest) -> Response:
     serving = request.app.state.serving
-    work, model = serving.native_completion_work(body)
-    return await serving.run(
-        request,
-        work,
-        shape_result=native_result(model, body.prompt if isinstance(body.prompt, str) else None),
-        shape_chunk=native_chunk(model),
-        usage_chunk=native_final_chunk(model),
-        done_marker=False,
-    )
+    return await run(serving.engine, request, serving.native_completion_plan(body), serving.keepalive_s)
 
 
 _UTIL_ERRORS: dict[int | str, dict[str, Any]] = {400: _ERRORS[400], 503: _ERRORS[503]}
@@ -223,3 +187,9 @@ async def props(request: Request) -> Response:
 )
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/slots", responses={200: {"description": "One entry per slot (read-only)"}})
+async def slots(request: Request) -> Response:
+    """llama-server's GET /slots, read-only: id, state, context, cached tokens, checkpoints."""
+    return JSONResponse(request.app.state.engine.slots())

@@ -19,6 +19,7 @@ from . import __version__
 from .api_router import ROUTES, router
 from .auth import ApiKeyMiddleware, CorsMiddleware, send_error
 from .engine import Engine
+from .engine.errors import EngineError
 from .errors import ApiError, error_body, from_exception
 from .metrics import Metrics
 from .serving import Serving
@@ -51,12 +52,16 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = metrics
-    app.state.serving = Serving(engine)
+    app.state.serving = Serving(engine, settings)
     app.include_router(router)
 
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    # Engine and chat-layer exceptions (ValueError covers the chat layer's) become answers in
+    # errors.from_exception; registered by class because Starlette re-raises what reaches `Exception`.
+    app.add_exception_handler(EngineError, _unexpected)
+    app.add_exception_handler(ValueError, _unexpected)
     app.add_exception_handler(Exception, _unexpected)
 
     # Outermost first: count every answer, then CORS (pre-flights answered before the key check),
@@ -91,15 +96,20 @@ async def _api_error(request: Request, e: Exception) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+_ROLE_TAGS = {"system", "developer", "user", "assistant", "tool"}
 _UNION_LABELS = {"str", "int", "float", "bool", "list", "dict", "none", "tagged-union", "literal"}
 
 
 def _param(loc: tuple[Any, ...]) -> str:
     """('body', 'messages', 0, 'role') -> 'messages[0].role' (pydantic's union labels dropped)."""
     out = ""
+    prev: Any = None
     for part in loc:
+        prev, was = part, prev
         if isinstance(part, int):
             out += f"[{part}]"
+        elif isinstance(was, int) and part in _ROLE_TAGS:
+            continue  # the discriminator of a message's union (messages[0].tool.tool_call_id)
         elif part == "body" and not out:
             continue
         elif isinstance(part, str) and (
@@ -129,6 +139,8 @@ async def _validation_error(request: Request, e: Exception) -> JSONResponse:
             code="invalid_json",
         )
     param = _param(tuple(first.get("loc", ())))
+    if first.get("type") in ("union_tag_invalid", "union_tag_not_found"):  # a message's role
+        param += "." + str(first.get("ctx", {}).get("discriminator", "role")).strip("'")
     if not param and first.get("type") in ("missing", "model_attributes_type", "dict_type"):
         return _error(400, "the request body must be a JSON object", code="invalid_request")
     more = f" (and {len(errs) - 1} more problems)" if len(errs) > 1 else ""

@@ -101,6 +101,7 @@ def internal(message: str) -> ApiError:
 # import the engine or the chat layer (both import llama_cpp); their modules define the classes.
 _BY_CLASS: dict[str, tuple[int, str]] = {
     "ChatRequestError": (400, "invalid_request"),
+    "ChatTemplateError": (400, "invalid_request"),
     "InvalidRequest": (400, "invalid_request"),
     "InvalidGrammar": (400, "invalid_grammar"),
     "PromptTooLong": (400, "context_length_exceeded"),
@@ -111,11 +112,12 @@ _BY_CLASS: dict[str, tuple[int, str]] = {
 }
 
 
-def from_exception(e: BaseException) -> ApiError:
+def from_exception(e: BaseException, param: str | None = None) -> ApiError:
     """The ApiError for any exception raised while serving a request.
 
     Engine and chat exceptions carry ``param`` (the request field at fault) and, for queue and
-    loading errors, ``retry_after_s``; their message is shown as it is. Anything else is a 500 whose
+    loading errors, ``retry_after_s``; their message is shown as it is. ``param`` names the field for
+    an exception that names none (the message then starts with it). Anything else is a 500 whose
     message names the exception type (the traceback goes to the log).
     """
     if isinstance(e, ApiError):
@@ -125,19 +127,21 @@ def from_exception(e: BaseException) -> ApiError:
         if hit is None:
             continue
         status, code = hit
-        param = getattr(e, "param", None)
+        message = str(e)
+        if getattr(e, "param", None):
+            param = e.param
+        elif param is not None:
+            message = f"{param}: {message}"
         retry = getattr(e, "retry_after_s", None)
         if code == "context_length_exceeded" and hasattr(e, "n_prompt") and hasattr(e, "n_ctx"):
             return context_exceeded(int(e.n_prompt), int(e.n_ctx))
         if status == 429:
-            err = overloaded(int(retry or 1), int(getattr(e, "waiting", 0) or 0))
-            err.message = str(e) or err.message
-            return err
+            return overloaded(int(retry or 1), int(getattr(e, "waiting", 0) or 0))
         if status == 503:
             return unavailable(str(e), retry_after_s=retry)
         if status == 500:
             log.error("engine failure: %s", e)
             return internal(str(e))
-        return ApiError(status, str(e), param=param, code=code)
+        return ApiError(status, message, param=param, code=code)
     log.error("unexpected error: %s: %s", type(e).__name__, e, exc_info=e)
     return internal(f"internal error: {type(e).__name__}")

@@ -123,17 +123,35 @@ class ToolCall(_Request):
     function: FunctionCall
 
 
-class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
-        description="'developer' is treated as 'system'."
-    )
+class _Message(_Request):
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = Field(None, description="Assistant messages: the calls it made.")
-    tool_call_id: str | None = Field(None, description="Tool messages: the call this result answers.")
+
+
+class SystemMessage(_Message):
+    role: Literal["system", "developer"] = Field(description="'developer' is treated as 'system'.")
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    tool_calls: list[ToolCall] | None = Field(None, description="The calls this message made.")
     reasoning_content: str | None = Field(
-        None, description="Assistant messages: the model's thinking (templates that keep it use it)."
+        None, description="The model's thinking (templates that keep it in the history render it)."
     )
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    tool_call_id: str = Field(min_length=1, description="The id of the call this result answers.")
+
+
+ChatMessage = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
 
 
 class FunctionDef(_Request):
@@ -342,6 +360,7 @@ class CompletionResponse(_Response):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    timings: Timings | None = None
 
 
 class ModelCard(_Response):

@@ -69,6 +69,16 @@ class Settings:
     reasoning_format: str = "auto"
     cors_origins: tuple[str, ...] = ()
     # ---- end serving ----
+    # ---- engine (issue 10): slots, prompt cache, limits, shutdown ----
+    parallel: int = 4
+    cache_ram: int = 8192 << 20  # bytes; 0 disables the RAM cache of sequence states
+    swa_full: bool = False
+    ctx_checkpoints: int = 32
+    checkpoint_every: int = 8192
+    n_predict: int = -1  # -1: up to the end of the context
+    timeout: float = 0.0  # seconds per request; 0: no limit
+    drain_timeout: float = 3.5
+    sse_keepalive: float = 5.0
 
     @property
     def split_mode_value(self) -> int:
@@ -248,6 +258,21 @@ def _origins(s: str) -> tuple[str, ...]:
         if o != "*" and not re.fullmatch(r"https?://[^/\s]+", o):
             raise ValueError(f"{o!r} is not '*' or an origin such as https://chat.example.com")
     return out
+
+
+def _mib(s: str) -> int:
+    v = _int_range(-1)(s)
+    return (1 << 62) if v < 0 else v << 20
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s.strip())
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+    if not v >= 0:
+        raise ValueError("must be >= 0")
+    return v
 
 
 def _bool(s: str) -> bool:
@@ -457,6 +482,77 @@ OPTIONS: tuple[Option, ...] = (
         "llama-cpp-python chat format name instead of the model's own chat template "
         "(e.g. chatml-function-calling).",
         "NAME",
+    ),
+    # ---- engine (issue 10) ------------------------------------------------------------------
+    Option(
+        "parallel",
+        ("-np", "--parallel"),
+        _int_range(1, 256),
+        "Slots: requests processed at once, sharing one context (unified KV cache) with continuous "
+        "batching; more wait in the queue. Default 4.",
+        "N",
+    ),
+    Option(
+        "cache_ram",
+        ("-cram", "--cache-ram"),
+        _mib,
+        "RAM for sequence states of reused slots (prompt cache in front of --state-dir), in MiB; "
+        "-1 = no limit, 0 = off. Default 8192.",
+        "MIB",
+    ),
+    Option(
+        "swa_full",
+        ("--swa-full",),
+        _bool,
+        "Full-size cache for sliding-window layers (default: windowed, as llama-server; reuse of an "
+        "older prefix then goes through checkpoints).",
+        switch=True,
+    ),
+    Option(
+        "ctx_checkpoints",
+        ("-ctxcp", "--ctx-checkpoints"),
+        _int_range(0, 1024),
+        "Most SWA checkpoints kept per slot (0 = none). Default 32.",
+        "N",
+    ),
+    Option(
+        "checkpoint_every",
+        ("--checkpoint-every",),
+        _int_range(0),
+        "Also checkpoint a long prompt every N tokens (0 = only near its end). Default 8192.",
+        "N",
+    ),
+    Option(
+        "n_predict",
+        ("-n", "--n-predict"),
+        _int_range(-1),
+        "Default cap on generated tokens when a request sets no max_tokens; -1 = up to the context "
+        "end. Default -1.",
+        "N",
+    ),
+    Option(
+        "timeout",
+        ("-to", "--timeout"),
+        _seconds,
+        "Longest time a request may take, queue included, in seconds; it then ends with "
+        "finish_reason 'timeout'. 0 = no limit (default).",
+        "S",
+    ),
+    Option(
+        "drain_timeout",
+        ("--drain-timeout",),
+        _seconds,
+        "After SIGTERM, running and queued requests get this many seconds before they are "
+        "cancelled (llama-swap kills after 5). Default 3.5.",
+        "S",
+    ),
+    Option(
+        "sse_keepalive",
+        ("--sse-keepalive",),
+        _seconds,
+        "Send an SSE ': keepalive' comment after this many seconds without an event (prompt "
+        "processing). Default 5.",
+        "S",
     ),
     Option(
         "log_level",

@@ -396,6 +396,11 @@ WEATHER = [
 FORCE = {"type": "function", "function": {"name": "get_weather"}}
 
 
+# The engine branch's interim chat path renders prompts with the model's template and parses no tool
+# calls; tool calling comes back with the common/chat layer (issue 9, serving + chat branches).
+_NO_TOOLS_YET = pytest.mark.skip(reason="tool calls return with the common/chat layer (issue 9)")
+
+
 @pytest.fixture(scope="module")
 def tool_client(smollm2_path, tmp_path_factory):
     s = ServerProcess(
@@ -413,6 +418,7 @@ def tool_client(smollm2_path, tmp_path_factory):
         s.stop()
 
 
+@_NO_TOOLS_YET
 def test_forced_tool_choice_returns_a_tool_call_with_schema_valid_arguments(tool_client):
     r = tool_client.chat.completions.create(
         model="smol",
@@ -429,6 +435,7 @@ def test_forced_tool_choice_returns_a_tool_call_with_schema_valid_arguments(tool
     assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
 
 
+@_NO_TOOLS_YET
 def test_forced_tool_choice_streams_tool_call_deltas(tool_client):
     chunks = list(
         tool_client.chat.completions.create(

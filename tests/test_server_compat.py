@@ -265,8 +265,8 @@ RAISING = (
           {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
                                                 "function": {"name": "f", "arguments": "{not json"}}]}],
          "messages[1].tool_calls[0].function.arguments"),
-        ([{"role": "user", "content": "Hi", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}],
-         "messages[0].tool_calls"),
+        ([{"role": "user", "content": "Hi"}, {"role": "tool", "tool_call_id": "", "content": "42"}],
+         "messages[1].tool_call_id"),
     ],
 )
 def test_malformed_tool_history_is_a_400_naming_message_and_field(http, messages, param):
