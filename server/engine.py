@@ -42,6 +42,11 @@ from .settings import Settings
 
 log = logging.getLogger("llama_vq.server.engine")
 
+# Branch `chat` only, until the engine package (server/engine/) replaces this module: lets the data
+# classes of server/engine/request.py (INTERFACES.md section 1) import as server.engine.request.
+# Drop these lines when merging `engine`.
+__path__ = [str(Path(__file__).with_suffix(""))]
+
 # llama_cpp chat formats that understand OpenAI tools (beyond a Jinja template that renders them).
 _TOOL_FORMATS = {"chatml-function-calling", "functionary", "functionary-v1", "functionary-v2"}
 _CTX_EXCEEDED = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
