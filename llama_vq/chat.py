@@ -11,7 +11,8 @@
 
 Requests are OpenAI chat bodies (plus llama-server's extensions: chat_template_kwargs, reasoning_format,
 json_schema, grammar); deltas and messages are OpenAI-shaped dicts. Errors are ChatTemplateError with the
-field at fault in ``param``. The C ABI is native/chat/llama_vq_chat.h.
+field at fault in ``param``. The C ABI is native/chat/llama_vq_chat.h. LLAMA_VQ_CHAT_LOG_VERBOSITY sets
+llama.cpp common's log threshold (default 1: errors only; 2 adds the warnings that print unparsed outputs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -65,6 +67,7 @@ def _lib() -> ctypes.CDLL:
         "llama_vq_chat_stream_free": ([vp], None),
         "llama_vq_chat_builtin_templates": ([], vp),
         "llama_vq_chat_string_free": ([vp], None),
+        "llama_vq_chat_set_log_verbosity": ([ctypes.c_int], None),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -72,6 +75,8 @@ def _lib() -> ctypes.CDLL:
     if lib.llama_vq_chat_abi_version() != _ABI_VERSION:
         raise LlamaVQError(f"{path} has chat ABI {lib.llama_vq_chat_abi_version()}, this module needs "
                            f"{_ABI_VERSION}: rebuild the package")
+    # common/'s warnings would print whole model outputs that fail to parse; StreamEnd.parse_error has it
+    lib.llama_vq_chat_set_log_verbosity(int(os.environ.get("LLAMA_VQ_CHAT_LOG_VERBOSITY", "1")))
     return lib
 
 

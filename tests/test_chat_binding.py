@@ -4,6 +4,7 @@ grammar-constrained generation whose output parses into tool calls that satisfy 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from chat_support import GET_TIME, GET_WEATHER, SPECIAL_FUNCTION, template_text
@@ -23,6 +24,13 @@ def llm(llama_vq, smollm2_path):
 @pytest.fixture(scope="module")
 def own(llm):
     return ChatTemplates.from_llama(llm)
+
+
+def test_chat_library_and_llama_common_ship_in_every_build(llama_vq):
+    # built whether or not LLAMA_VQ_BUILD_TOOLS is on; test_build checks their rpath and soname
+    lib = Path(llama_vq.__file__).parent / "lib"
+    assert (lib / "libllama-vq-chat.so").is_file() and (lib / "libllama-common.so").is_file()
+    assert llama_vq.chat._lib().llama_vq_chat_abi_version() == 1
 
 
 def test_model_template_is_the_ggufs_and_renders_chatml(own, llm):

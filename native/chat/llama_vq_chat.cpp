@@ -3,6 +3,7 @@
 #include "llama_vq_chat.h"
 
 #include "chat_internal.h"
+#include "log.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -388,6 +389,10 @@ char * llama_vq_chat_builtin_templates(void) {
 
 void llama_vq_chat_string_free(char * str) {
     std::free(str);
+}
+
+void llama_vq_chat_set_log_verbosity(int verbosity) {
+    common_log_set_verbosity_thold(verbosity);
 }
 
 }  // extern "C"

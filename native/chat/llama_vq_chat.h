@@ -67,6 +67,10 @@ LLAMA_VQ_CHAT_API char * llama_vq_chat_builtin_templates(void);
 
 LLAMA_VQ_CHAT_API void llama_vq_chat_string_free(char * str);
 
+// llama.cpp's common log threshold (process-wide): 1 errors only, 2 + warnings (a failed parse logs the
+// whole output there), 3 + info (llama.cpp's default), 5 + debug.
+LLAMA_VQ_CHAT_API void llama_vq_chat_set_log_verbosity(int verbosity);
+
 #ifdef __cplusplus
 }
 #endif
