@@ -148,18 +148,39 @@ void announce_pending(llama_vq_chat_stream & s, size_t except, json & deltas) {
     }
 }
 
+bool starts_with(const std::string & s, const std::string & prefix) {
+    return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// next only adds to prev: what was sent as deltas stays a prefix of every field (compute_diffs alone
+// lets a string shrink, for stop words llama-server erases; we erase none here).
+bool extends(const common_chat_msg & prev, const common_chat_msg & next) {
+    if (!starts_with(next.content, prev.content) || !starts_with(next.reasoning_content, prev.reasoning_content) ||
+        next.tool_calls.size() < prev.tool_calls.size()) {
+        return false;
+    }
+    for (size_t i = 0; i < prev.tool_calls.size(); i++) {
+        const auto & a = prev.tool_calls[i];
+        const auto & b = next.tool_calls[i];
+        if (!starts_with(b.name, a.name) || !starts_with(b.arguments, a.arguments)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // Move s.msg to next; return the OpenAI deltas between them.
 json advance(llama_vq_chat_stream & s, common_chat_msg next, bool final) {
     json deltas = json::array();
-    if (next.empty() && !final) {
-        return deltas;
+    if ((next.empty() && !final) || !extends(s.msg, next)) {
+        return deltas;  // nothing yet, or this parse went back on what was sent: wait for more text
     }
     next.set_tool_call_ids(s.ids, random_tool_call_id);
     std::vector<common_chat_msg_diff> diffs;
     try {
         diffs = common_chat_msg_diff::compute_diffs(s.msg, next);
     } catch (const std::exception &) {
-        return deltas;  // this parse went back on what was sent: wait for more text
+        return deltas;
     }
     s.msg = next;
     for (const auto & d : diffs) {
@@ -187,26 +208,39 @@ json advance(llama_vq_chat_stream & s, common_chat_msg next, bool final) {
     return deltas;
 }
 
-// The full parse, or when the output does not match the format, the most of it that keeps the sent
-// deltas a prefix: the raw text as content, else the lenient partial parse, else what was sent.
+// The full parse; when the output does not match the format (or its parse goes back on what was
+// streamed), the most of it that keeps the sent deltas a prefix: the raw text as content, else the
+// lenient partial parse, else what was sent.
 common_chat_msg final_message(const llama_vq_chat_stream & s, std::string & parse_error) {
     try {
-        return parse_text(s, false);
+        auto msg = parse_text(s, false);
+        if (extends(s.msg, msg)) {
+            return msg;
+        }
+        parse_error = "the full parse does not extend the streamed message";
     } catch (const std::exception & e) {
         parse_error = e.what();
     }
-    if (s.msg.tool_calls.empty() && s.msg.reasoning_content.empty() && s.text.rfind(s.msg.content, 0) == 0) {
-        common_chat_msg raw;
-        raw.role    = "assistant";
-        raw.content = s.text;
+    common_chat_msg raw;
+    raw.role    = "assistant";
+    raw.content = s.text;
+    if (s.msg.tool_calls.empty() && s.msg.reasoning_content.empty() && extends(s.msg, raw)) {
         return raw;
     }
     try {
         auto msg = parse_text(s, true);
-        common_chat_msg_diff::compute_diffs(s.msg, msg);
-        return msg;
+        if (extends(s.msg, msg)) {
+            return msg;
+        }
     } catch (const std::exception &) {
-        return s.msg;
+    }
+    return s.msg;
+}
+
+// A trailing tool call whose name never came was never announced: leave it out of the message.
+void drop_unnamed_tail(common_chat_msg & msg) {
+    while (!msg.tool_calls.empty() && msg.tool_calls.back().name.empty()) {
+        msg.tool_calls.pop_back();
     }
 }
 
@@ -367,7 +401,9 @@ char * llama_vq_chat_stream_finish(llama_vq_chat_stream * s) {
         std::string parse_error;
         json        out    = json::object();
         out["deltas"]      = advance(*s, final_message(*s, parse_error), true);
-        out["message"]     = message_to_json(s->msg);
+        common_chat_msg msg = s->msg;
+        drop_unnamed_tail(msg);
+        out["message"]     = message_to_json(msg);
         out["parse_error"] = parse_error.empty() ? json(nullptr) : json(parse_error);
         return out;
     });
