@@ -157,6 +157,7 @@ class ChatParams:
     trigger_patterns: tuple[str, ...]     # regexes for llama_sampler_init_grammar_lazy_patterns
     trigger_tokens: tuple[int, ...]
     grammar_prefill_tokens: tuple[int, ...]  # accept these into a non-lazy grammar before sampling
+    grammar_prefill_text: str             # their text: the generation prompt past the cut (see the ABI)
     tool_calls_strict: bool               # required/named tools: no free text before the calls (see the ABI)
     preserved_tokens: tuple[str, ...]     # special tokens the output format uses (render them as text)
     preserved_token_ids: tuple[int, ...]
@@ -173,7 +174,7 @@ class ChatParams:
         t = tuple
         return cls(d["prompt"], d["format_name"], d["grammar"], d["grammar_type"], d["grammar_lazy"],
                    t(d["trigger_patterns"]), t(d["trigger_tokens"]), t(d["grammar_prefill_tokens"]),
-                   d["tool_calls_strict"],
+                   d["grammar_prefill_text"], d["tool_calls_strict"],
                    t(d["preserved_tokens"]), t(d["preserved_token_ids"]), t(d["additional_stops"]),
                    d["generation_prompt"], d["supports_thinking"], d["enable_thinking"], d["thinking_start_tag"],
                    t(d["thinking_end_tags"]), d["parser"])

@@ -17,6 +17,7 @@ answer-400 error naming the field) on a request the template or grammar cannot t
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from llama_vq.chat import ChatParams, ChatTemplateError, ChatTemplates
 from llama_vq.chat import ChatStream as _NativeStream
 
 from .engine.request import Grammar
+
+log = logging.getLogger("llama_vq.server.chat")
 
 REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 
@@ -101,9 +104,14 @@ def _grammar(params: ChatParams) -> Grammar | None:
         return None
     g = Grammar(gbnf=params.grammar, root="root", lazy=params.grammar_lazy,
                 trigger_patterns=params.trigger_patterns, trigger_tokens=params.trigger_tokens)
-    names = {f.name for f in dataclasses.fields(Grammar)}
-    if "prefill_tokens" in names and params.grammar_prefill_tokens:  # once the engine takes them
-        g = dataclasses.replace(g, prefill_tokens=params.grammar_prefill_tokens)
+    if params.grammar_prefill_tokens:
+        # the grammar starts inside the generation prompt's tail (a reasoning block the template opened or
+        # closed): the engine accepts these tokens into it first, as llama-server's common sampler does
+        if "prefill_tokens" in {f.name for f in dataclasses.fields(Grammar)}:
+            g = dataclasses.replace(g, prefill_tokens=params.grammar_prefill_tokens)
+        else:
+            log.warning("this engine's Grammar takes no prefill_tokens; the grammar will expect %r from the "
+                        "model, which the prompt already holds", params.grammar_prefill_text)
     return g
 
 

@@ -144,8 +144,9 @@ def test_required_tool_call_generated_under_the_grammar_satisfies_the_schema(llm
     plan = t.apply({"messages": USER, "tools": [GET_TIME, GET_WEATHER], "tool_choice": "required"})
     assert plan.grammar and not plan.grammar_lazy
     assert plan.tool_calls_strict, "required: the grammar must not allow free text before the calls"
-    assert plan.grammar_prefill_tokens == tuple(llm.tokenize(plan.generation_prompt.encode(), add_bos=False,
-                                                             special=True))
+    # the generation prompt is cut from the grammar's root: nothing to prefill
+    assert plan.grammar_prefill_tokens == () and plan.grammar_prefill_text == ""
+    assert not plan.grammar.split("root ::= ")[1].startswith('"<|im_start|>')
     text = _generate(llm, plan)
     msg = t.parse(plan, text)
     print(f"generated: {text!r}")
@@ -158,6 +159,16 @@ def test_required_tool_call_generated_under_the_grammar_satisfies_the_schema(llm
         for key, value in arguments.items():
             prop = schema["properties"][key]
             assert isinstance(value, str) and (value in prop.get("enum", [value])), (key, value)
+
+
+def test_a_prefill_left_by_the_cut_is_tokenized_with_the_models_vocab(llm):
+    t = ChatTemplates(llm, template_text("Qwen-Qwen3-0.6B.jinja"))
+    plan = t.apply({"messages": USER, "tools": [GET_TIME], "tool_choice": "required",
+                    "chat_template_kwargs": {"enable_thinking": False}})
+    assert plan.grammar_prefill_text == "<think>\n\n</think>\n\n"
+    assert plan.generation_prompt.endswith(plan.grammar_prefill_text)
+    assert plan.grammar_prefill_tokens == tuple(llm.tokenize(plan.grammar_prefill_text.encode(), add_bos=False,
+                                                             special=True))
 
 
 def test_named_tool_choice_keeps_only_that_tool(llm):

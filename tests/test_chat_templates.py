@@ -133,6 +133,22 @@ def test_deltas_at_every_byte_boundary_concatenate_to_the_full_parse(loaded, cas
     assert [c["arguments"] for c in merged["tool_calls"]] == [c.arguments for c in end.message.tool_calls]
 
 
+@pytest.mark.parametrize("name", tool_templates())
+def test_required_grammar_needs_at_most_the_generation_prompts_tail_prefilled(loaded, name):
+    tmpl = loaded(name)
+    if not tmpl.info.caps["supports_tool_calls"]:
+        pytest.skip("the template has no tool-call format")
+    for thinking in (True, False):
+        plan = tmpl.apply({"messages": [{"role": "user", "content": "Hi"}], "tools": [GET_TIME],
+                           "tool_choice": "required", "enable_thinking": thinking})
+        assert plan.grammar and not plan.grammar_lazy
+        assert plan.generation_prompt.endswith(plan.grammar_prefill_text)
+        root = plan.grammar.split("root ::= ", 1)[1].split("\n", 1)[0]
+        if plan.grammar_prefill_text == plan.generation_prompt and plan.generation_prompt:
+            # nothing was cut: the root must not start with the generation prompt's literal either
+            assert not root.startswith(json.dumps(plan.generation_prompt)[:-1]), root
+
+
 def test_partial_parse_of_a_cut_tool_call_holds_back_the_markup(loaded):
     plan = _plan(loaded, "MiMo-VL.jinja", {"tools": [SPECIAL_FUNCTION]})
     msg = loaded("MiMo-VL.jinja").parse(plan, 'Sure.<tool_call>\n{"name": "special_fun', partial=True)

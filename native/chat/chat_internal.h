@@ -42,7 +42,9 @@ void describe_triggers(const common_chat_params & cp, const llama_vocab * vocab,
 json prefill_tokens(const llama_vocab * vocab, const std::string & generation_prompt);
 void check_grammar(const llama_vocab * vocab, const std::string & gbnf, bool lazy, const json & patterns,
                    const json & tokens, const std::string & param);
-bool strict_required(std::string & gbnf, const std::string & thinking_start);
+bool   strict_required(std::string & gbnf, const std::string & thinking_start);
+size_t cut_generation_prompt(std::string & gbnf, const std::string & generation_prompt,
+                             const std::string & thinking_start);
 
 // parse.cpp: parser state <-> common_chat_parser_params, message JSON, tool call ids.
 common_chat_parser_params parser_params_from_json(const json & state);

@@ -4,6 +4,7 @@
 #include "chat_internal.h"
 
 #include "common.h"
+#include "json-schema-to-grammar.h"
 
 #include <cctype>
 #include <regex>
@@ -124,12 +125,9 @@ void check_grammar(const llama_vocab * vocab, const std::string & gbnf, bool laz
     llama_sampler_free(smpl);
 }
 
-// tool_choice required (or named): llama.cpp's grammar lets free text come before the first call
-// (root ::= PROMPT REASONING? until-N? tool-calls), which a small model may never leave. OpenAI's
-// "required" means calls: drop that one `until` reference from the root rule, keeping the reasoning
-// block. Returns false (grammar unchanged) unless exactly one such reference is found.
-bool strict_required(std::string & gbnf, const std::string & thinking_start) {
-    size_t begin = 0;
+// The line "root ::= ..." of a GBNF text: [begin, end) without its newline.
+bool find_root(const std::string & gbnf, size_t & begin, size_t & end) {
+    begin = 0;
     while (begin < gbnf.size() && gbnf.compare(begin, 9, "root ::= ") != 0) {
         const size_t nl = gbnf.find('\n', begin);
         begin = nl == std::string::npos ? gbnf.size() : nl + 1;
@@ -137,7 +135,47 @@ bool strict_required(std::string & gbnf, const std::string & thinking_start) {
     if (begin >= gbnf.size()) {
         return false;
     }
-    const size_t end  = std::min(gbnf.find('\n', begin), gbnf.size());
+    end = std::min(gbnf.find('\n', begin), gbnf.size());
+    return true;
+}
+
+// A chat grammar's root starts with the literal generation prompt (up to the reasoning start tag), which
+// is already in the prompt: llama-server feeds its tokens to the grammar first. Cut that literal from
+// the root instead, so a sampler needs no prefill for it; returns how many bytes of the generation
+// prompt the cut covered (0: none; the rest still has to be prefilled, as grammar_prefill_tokens).
+size_t cut_generation_prompt(std::string & gbnf, const std::string & generation_prompt,
+                             const std::string & thinking_start) {
+    size_t begin = 0;
+    size_t end   = 0;
+    if (generation_prompt.empty() || !find_root(gbnf, begin, end)) {
+        return 0;
+    }
+    std::vector<std::string> candidates = { generation_prompt };
+    const size_t think = thinking_start.empty() ? std::string::npos : generation_prompt.find(thinking_start);
+    if (think != std::string::npos && think > 0) {
+        candidates.push_back(generation_prompt.substr(0, think));
+    }
+    const size_t rhs = begin + 9;
+    for (const auto & text : candidates) {
+        const std::string lit = gbnf_format_literal(text) + " ";
+        if (gbnf.compare(rhs, lit.size(), lit) == 0 && rhs + lit.size() < end) {
+            gbnf.erase(rhs, lit.size());
+            return text.size();
+        }
+    }
+    return 0;
+}
+
+// tool_choice required (or named): llama.cpp's grammar lets free text come before the first call
+// (root ::= PROMPT REASONING? until-N? tool-calls), which a small model may never leave. OpenAI's
+// "required" means calls: drop that one `until` reference from the root rule, keeping the reasoning
+// block. Returns false (grammar unchanged) unless exactly one such reference is found.
+bool strict_required(std::string & gbnf, const std::string & thinking_start) {
+    size_t begin = 0;
+    size_t end   = 0;
+    if (!find_root(gbnf, begin, end)) {
+        return false;
+    }
     std::string  root = gbnf.substr(begin, end - begin);
     // group 1: the literal before the until, if any; the until must be followed by the calls
     static const std::regex content_then_calls(

@@ -49,6 +49,10 @@ LLAMA_VQ_CHAT_API char * llama_vq_chat_templates_info(const struct llama_vq_chat
 // request_json: an OpenAI chat request subset (messages, tools, tool_choice, parallel_tool_calls,
 // response_format, json_schema, grammar, chat_template_kwargs, reasoning_format, enable_thinking,
 // reasoning_effort, add_generation_prompt, continue_final_message, stream). See llama_vq/chat.py.
+// Two departures from llama-server, both in the grammar: a non-lazy chat grammar has the generation
+// prompt (already in the prompt) cut from its root rule, so no prefill is needed unless the cut stops at
+// the reasoning start tag (grammar_prefill_tokens / _text then hold the rest, to accept first); and
+// tool_choice required/named allows no free text before the calls (tool_calls_strict).
 LLAMA_VQ_CHAT_API char * llama_vq_chat_apply(const struct llama_vq_chat_templates * tmpls, const char * request_json);
 
 // Parse model output (text of len bytes) with the "parser" object of an apply result.

@@ -463,7 +463,6 @@ json apply_request(templates & t, const json & request) {
     const bool strict = in.tool_choice == COMMON_CHAT_TOOL_CHOICE_REQUIRED && grammar_type == "tool_calls" &&
                         strict_required(grammar, cp.thinking_start_tag);
     out["tool_calls_strict"] = strict;
-    out["grammar"]      = grammar;
     out["grammar_type"] = grammar_type;
     out["grammar_lazy"] = lazy;
 
@@ -484,8 +483,17 @@ json apply_request(templates & t, const json & request) {
     if (lazy && out.at("trigger_patterns").empty() && out.at("trigger_tokens").empty()) {
         throw request_error("the template gave a lazy grammar without triggers", "tools");
     }
-    const bool prefill = !lazy && grammar_type == "tool_calls";
-    out["grammar_prefill_tokens"] = prefill ? prefill_tokens(vocab, cp.generation_prompt) : json::array();
+    // a non-lazy chat grammar starts with the generation prompt: cut it, prefill what the cut left
+    json prefill = json::array();
+    if (!lazy && grammar_type == "tool_calls") {
+        const size_t cut = cut_generation_prompt(grammar, cp.generation_prompt, cp.thinking_start_tag);
+        prefill = prefill_tokens(vocab, cp.generation_prompt.substr(cut));
+        out["grammar_prefill_text"] = cp.generation_prompt.substr(cut);
+    } else {
+        out["grammar_prefill_text"] = "";
+    }
+    out["grammar"]                = grammar;
+    out["grammar_prefill_tokens"] = prefill;
     check_grammar(vocab, grammar, lazy, out.at("trigger_patterns"), out.at("trigger_tokens"),
                   grammar_type == "user" ? "grammar" : (tools.empty() ? "response_format" : "tools"));
 
