@@ -237,7 +237,10 @@ class ChatTemplates:
             self._handle = None
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
 
     def _live(self) -> int:
         if not self._handle:
@@ -300,4 +303,7 @@ class ChatStream:
             self._handle = None
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
