@@ -14,11 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors, protocol
-
-try:
-    from .chat_layer import ChatLayer, ChatPlan
-except ImportError:  # until llama.cpp's chat layer (chat branch) is merged
-    from ._interim_chat import ChatLayer, ChatPlan  # type: ignore[assignment]
+from .chat_layer import ChatLayer, ChatPlan
 from .engine.request import GenerationRequest, Grammar, Sampling
 from .settings import Settings
 

@@ -275,6 +275,14 @@ def _seconds(s: str) -> float:
     return v
 
 
+def _removed_chat_format(s: str) -> str:
+    raise ValueError(
+        "llama-cpp-python's chat formats are gone: chats are rendered and parsed by llama.cpp's chat "
+        "layer; use --chat-template NAME (a llama.cpp built-in such as chatml, llama3) or "
+        "--chat-template-file PATH (tools work with templates that render them)"
+    )
+
+
 def _bool(s: str) -> bool:
     v = s.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -478,9 +486,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "chat_format",
         ("--chat-format",),
-        _nonempty,
-        "llama-cpp-python chat format name instead of the model's own chat template "
-        "(e.g. chatml-function-calling).",
+        _removed_chat_format,
+        "Removed: llama-cpp-python's chat formats are not used; see --chat-template.",
         "NAME",
     ),
     # ---- engine (issue 10) ------------------------------------------------------------------
@@ -784,12 +791,29 @@ def check_against_model(s: Settings, model: Path) -> None:
                               flash_attn=s.flash_attn)
     except llama_vq.ConfigError as e:
         raise SettingsError(str(e)) from None
-    if s.chat_format is not None:
-        from llama_cpp import llama_chat_format  # noqa: PLC0415
+    check_chat_template(s)
 
-        known = llama_chat_format.LlamaChatCompletionHandlerRegistry()._chat_handlers
-        if s.chat_format not in known:
-            raise SettingsError(
-                f"--chat-format {s.chat_format!r}: unknown; known formats: "
-                f"{', '.join(sorted(known))}"
-            )
+
+def check_chat_template(s: Settings) -> None:
+    """--chat-template / --chat-template-file parse in llama.cpp's Jinja engine; --no-jinja names a
+    built-in template. Raises SettingsError naming the flag."""
+    try:
+        from llama_vq.chat import ChatTemplateError, ChatTemplates, builtin_templates  # noqa: PLC0415
+    except ImportError:
+        return
+    builtins = tuple(n for n in builtin_templates() if n != "chatml")
+    if not s.jinja and s.chat_template not in builtins:
+        raise SettingsError(
+            "--no-jinja needs --chat-template NAME naming one of llama.cpp's built-in templates "
+            f"({', '.join(builtins)}); without it the model's Jinja template is used (--jinja)"
+        )
+    if s.chat_template_file is not None:
+        flag, text = f"--chat-template-file {str(s.chat_template_file)!r}", s.chat_template_file.read_text("utf-8")
+    elif s.chat_template is not None:
+        flag, text = "--chat-template", s.chat_template
+    else:
+        return
+    try:
+        ChatTemplates(None, text).close()
+    except ChatTemplateError as e:
+        raise SettingsError(f"{flag}: {e.message}") from None

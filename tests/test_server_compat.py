@@ -251,8 +251,8 @@ def test_metrics_carry_llama_server_names_beside_ours(srv, http):
 # ---- 400s for malformed history and templates; the worker survives them ------------------------------
 
 RAISING = (
-    "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
-    "{{ raise_exception('role ' + m.role + ' is not supported') }}{% endif %}"
+    "{% for m in messages %}{% if 'FORBIDDEN' in m.content %}"
+    "{{ raise_exception('the word FORBIDDEN is not supported') }}{% endif %}"
     "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
 )
 
@@ -281,10 +281,10 @@ def test_a_template_that_fails_is_a_400_and_cors_is_off_by_default(smollm2_path,
     try:
         s.wait_ready()
         with httpx.Client(base_url=s.url, timeout=120) as c:
-            bad = {"messages": [{"role": "system", "content": "x"}, *CHAT], "max_tokens": 2}
+            bad = {"messages": [{"role": "user", "content": "say FORBIDDEN"}], "max_tokens": 2}
             for path in ("/apply-template", "/v1/chat/completions"):
                 err = _error(c.post(path, json=bad), 400)
-                assert "role system is not supported" in err["message"], err
+                assert "the word FORBIDDEN is not supported" in err["message"], err
             assert c.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}).status_code == 200
             r = c.options("/v1/models", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "GET"})
             assert "access-control-allow-origin" not in r.headers

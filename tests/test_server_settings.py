@@ -261,3 +261,17 @@ def test_cli_bind_failure_names_the_address_and_exits_1(tmp_path, smollm2_path):
     assert f"cannot listen on 127.0.0.1 port {port}" in r.stderr and "in use" in r.stderr
     r = _cli("-m", str(smollm2_path), "--host", "no-such-host.invalid", cwd=tmp_path)
     assert r.returncode == 1 and "cannot listen on 'no-such-host.invalid'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--chat-format", "chatml-function-calling"], "use --chat-template NAME"),
+        (["--no-jinja"], "--no-jinja needs --chat-template NAME"),
+        (["--chat-template", "{% for m in messages %}{{ m.content }"], "--chat-template:"),
+    ],
+)
+def test_cli_exits_2_for_chat_template_flags_that_cannot_work(tmp_path, smollm2_path, args, says):
+    r = _cli("-m", str(smollm2_path), *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and "loading" not in r.stderr
