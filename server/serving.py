@@ -264,14 +264,17 @@ class Serving:
             first = shape.first_chunk()
             if first:
                 yield _data(first)
+            last = time.monotonic()
             while True:
-                ev = await job.next_event(self.keepalive_s)
+                ev = await job.next_event(max(0.0, last + self.keepalive_s - time.monotonic()))
                 if ev is None or isinstance(ev, ProgressEvent):
-                    if ev is None:
+                    if time.monotonic() - last >= self.keepalive_s:  # nothing sent for a period
+                        last = time.monotonic()
                         yield ": keepalive\n\n"
                     continue
                 if isinstance(ev, TokenEvent):
                     if ev.text:
+                        last = time.monotonic()
                         yield _data(shape.chunk(ev.text))
                     continue
                 if ev.finish_reason == "error":

@@ -6,8 +6,9 @@ samples for every slot whose last token produced logits. A slot's progress is ``
 its KV sequence); when a decode is aborted or fails, each sequence's real end is read back from
 llama.cpp (llama_memory_seq_pos_max) and its slot resumes from there.
 
-While a batch holds prompt tokens, llama.cpp's abort callback is set: a cancelled, timed-out or
-drained request in prefill stops the decode within the current ubatch.
+While a batch holds prompt tokens over more than one ubatch, llama.cpp's abort callback is set: a
+cancelled, timed-out or drained request in prefill stops the decode within the current ubatch (a
+one-ubatch decode is checked between steps, which is as soon).
 """
 
 from __future__ import annotations
@@ -152,16 +153,19 @@ class Scheduler:
         if n == 0:
             return
         b.n_tokens = n
-        self._prefill_jobs = [s.job for s in prefill]
-        if prefill:
+        # A decode of one ubatch is cancelled between steps; only one spanning several ubatches (-b > -ub)
+        # needs the abort callback, which llama.cpp calls once per graph node (a Python call each).
+        watch = bool(prefill) and n > core.n_ubatch
+        if watch:
+            self._prefill_jobs = [s.job for s in prefill]
             llama_cpp.llama_set_abort_callback(core.ctx, self._abort_cb, None)
         t0 = time.monotonic()
         try:
             ret = llama_cpp.llama_decode(core.ctx, b)
         finally:
-            if prefill:
+            if watch:
                 llama_cpp.llama_set_abort_callback(core.ctx, llama_cpp.ggml_abort_callback(), None)
-            self._prefill_jobs = []
+                self._prefill_jobs = []
         self.observe("decode_seconds", time.monotonic() - t0)
         by_id = {s.id: s for s in active}
         if ret != 0:
@@ -307,6 +311,7 @@ class Scheduler:
         done = DoneEvent(reason, stop_word, s.n_prompt, s.n_cached, s.n_generated, timings, error=error)
         self.core.on_done(job, done)
         job.emit(done)
+        s.pos_min = seq_pos_range(self.core.ctx, s.id)[0]  # the window moved during generation
         if save and reason in ("stop", "length") and s.n_past >= s.n_prompt:
             self.cache.save_to_disk(s)
         s.release()
