@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import protocol
 from .metrics import CONTENT_TYPE
+
 router = APIRouter()
 
 ROUTES = frozenset(

@@ -258,7 +258,8 @@ def register_engine_gauges(engine: Any, metrics: Metrics) -> None:
       one(lambda: engine.info.n_ctx if engine.info else None))
     g("prompt_cache_ram_bytes", "Bytes of sequence states in the RAM cache (--cache-ram).", (),
       one(lambda: engine.ram.total_bytes if engine.ram else None))
-    g("prompt_cache_ram_states", "Sequence states in the RAM cache.", (), one(lambda: len(engine.ram) if engine.ram else None))
+    g("prompt_cache_ram_states", "Sequence states in the RAM cache.", (),
+      one(lambda: len(engine.ram) if engine.ram else None))
     g("kv_state_files", "KV state files in --state-dir for this model.", (),
       one(lambda: len(engine.store) if engine.store else None))
     g("kv_state_disk_bytes", "Bytes of KV state files in --state-dir for this model.", (),

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,8 +93,7 @@ class Serving:
         if requested not in names:
             raise errors.ApiError(
                 404,
-                f"the model {requested!r} does not exist; this server serves "
-                f"{', '.join(repr(n) for n in names)}",
+                f"the model {requested!r} does not exist; this server serves {', '.join(repr(n) for n in names)}",
                 param="model",
                 code="model_not_found",
             )
@@ -345,15 +344,20 @@ class _Shaper:
         if self.kind == "chat":
             body = protocol.ChatCompletionResponse(
                 **self._base(),
-                choices=[protocol.ChatChoice(index=0, finish_reason=_finish(done),
-                                             message=protocol.ResponseMessage(content=text))],
-                usage=u, timings=done.timings,
+                choices=[
+                    protocol.ChatChoice(
+                        index=0, finish_reason=_finish(done), message=protocol.ResponseMessage(content=text)
+                    )
+                ],
+                usage=u,
+                timings=done.timings,
             )
         else:
             body = protocol.CompletionResponse(
                 **self._base(),
                 choices=[protocol.CompletionChoice(index=0, text=self.plan.echo + text, finish_reason=_finish(done))],
-                usage=u, timings=done.timings,
+                usage=u,
+                timings=done.timings,
             )
         return body.model_dump(exclude_none=True)
 
@@ -372,12 +376,14 @@ class _Shaper:
         if self.kind == "chat":
             delta = protocol.Delta(content=text) if text else protocol.Delta()
             body: Any = protocol.ChatCompletionChunk(
-                **self._base(), choices=[protocol.ChatChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                **self._base(),
+                choices=[protocol.ChatChunkChoice(index=0, delta=delta, finish_reason=finish)],
                 timings=timings,
             )
         else:
             body = protocol.CompletionResponse(
-                **self._base(), choices=[protocol.CompletionChoice(index=0, text=text, finish_reason=finish)],
+                **self._base(),
+                choices=[protocol.CompletionChoice(index=0, text=text, finish_reason=finish)],
                 timings=timings,
             )
         return body.model_dump(exclude_none=True)

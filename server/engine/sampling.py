@@ -59,11 +59,7 @@ def build_chain(vocab: Any, n_vocab: int, s: Sampling, grammar: Grammar | None) 
         add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(s.logit_bias), arr))
     if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
         last_n = n_vocab if s.repeat_last_n < 0 else s.repeat_last_n
-        add(
-            llama_cpp.llama_sampler_init_penalties(
-                last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty
-            )
-        )
+        add(llama_cpp.llama_sampler_init_penalties(last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty))
     if s.temperature <= 0:
         add(llama_cpp.llama_sampler_init_greedy())
         return chain

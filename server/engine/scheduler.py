@@ -101,9 +101,13 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         core, req = self.core, job.request
         prompt = np.asarray(req.prompt, dtype=np.int32)
-        slot, use = choose_slot(self.slots, prompt, core.n_swa_eff) if req.cache_prompt else (
-            min((s for s in self.slots if not s.busy), key=lambda s: s.last_used),
-            0,
+        slot, use = (
+            choose_slot(self.slots, prompt, core.n_swa_eff)
+            if req.cache_prompt
+            else (
+                min((s for s in self.slots if not s.busy), key=lambda s: s.last_used),
+                0,
+            )
         )
         job.slot_id = slot.id
         slot.t_start = time.monotonic()
@@ -280,8 +284,9 @@ class Scheduler:
         elif s.n_generated >= s.max_new or len(s.tokens) >= core.n_ctx:
             self._finish(s, "length")
 
-    def _finish(self, s: Slot, reason: str, stop_word: str | None = None, error: str | None = None,
-                save: bool = True) -> None:
+    def _finish(
+        self, s: Slot, reason: str, stop_word: str | None = None, error: str | None = None, save: bool = True
+    ) -> None:
         job = s.job
         if job is None:
             return
