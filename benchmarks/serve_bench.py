@@ -316,6 +316,8 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
     ]
     if shutil.which("ninja"):
         cfg += ["-G", "Ninja"]
+    if "LLAMA_BUILD_APP" in (src / "CMakeLists.txt").read_text(errors="replace"):
+        cfg.append("-DLLAMA_BUILD_APP=OFF")  # its sources are not in the release tree we vendor
     if args.backend == "cpu":
         cfg += ["-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
     else:

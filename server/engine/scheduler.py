@@ -25,8 +25,9 @@ from .errors import EngineFailure
 from .job import Job, JobQueue
 from .prompt_cache import PARTIAL, Checkpoint, get_state, seq_pos_range
 from .request import DoneEvent, ProgressEvent, TokenEvent
-from .sampling import TextStream, build_chain, token_piece
+from .sampling import build_chain, token_piece
 from .slots import Slot, choose_slot
+from .text import TextStream
 
 log = logging.getLogger("llama_vq.server.engine")
 
@@ -101,18 +102,19 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         core, req = self.core, job.request
         prompt = np.asarray(req.prompt, dtype=np.int32)
-        slot, use = (
-            choose_slot(self.slots, prompt, core.n_swa_eff)
-            if req.cache_prompt
-            else (
-                min((s for s in self.slots if not s.busy), key=lambda s: s.last_used),
-                0,
-            )
-        )
+        chain = build_chain(core.vocab, core.n_vocab, core.n_ctx, req.sampling, req.grammar)  # may raise
+        if req.cache_prompt:
+            slot, use = choose_slot(self.slots, prompt, core.n_swa_eff)
+        else:
+            slot, use = min((s for s in self.slots if not s.busy), key=lambda s: s.last_used), -1
         job.slot_id = slot.id
         slot.t_start = time.monotonic()
-        self.cache.prepare(slot, prompt, use if req.cache_prompt else -1)
-        slot.job = job
+        try:
+            self.cache.prepare(slot, prompt, use)
+        except Exception:
+            llama_cpp.llama_sampler_free(chain)
+            raise
+        slot.job, slot.chain, slot.stream = job, chain, TextStream(req.stop)
         slot.n_prompt = len(prompt)
         slot.n_cached = slot.n_past
         slot.n_generated = 0
@@ -122,8 +124,6 @@ class Scheduler:
         slot.max_new = room if limit is None or limit < 0 else min(limit, room)
         timeout = req.timeout_s if req.timeout_s is not None else core.timeout_s
         slot.deadline = job.arrival + timeout if timeout and timeout > 0 else None
-        slot.chain = build_chain(core.vocab, core.n_vocab, req.sampling, req.grammar)
-        slot.stream = TextStream(req.stop)
         job.emit(ProgressEvent(slot.n_past, slot.n_prompt, slot.n_cached))
 
     # ---- one step ------------------------------------------------------------------------------
