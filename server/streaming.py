@@ -65,7 +65,7 @@ async def _sse(job: Any, shaper: _Shaper, keepalive_s: float, done_marker: bool)
         for c in shaper.first():
             yield _data(c)
         while True:
-            ev = await job.next_event(keepalive_s)
+            ev = await job.next_event(max(0.0, last + keepalive_s - time.monotonic()))
             if ev is None or isinstance(ev, ProgressEvent):
                 if time.monotonic() - last >= keepalive_s:
                     last = time.monotonic()

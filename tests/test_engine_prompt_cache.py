@@ -34,7 +34,7 @@ TEXT = (
 @pytest.fixture(scope="module")
 def mimo(tmp_path_factory, smollm2_path) -> Path:
     return synth_models.write_mimo_like(
-        tmp_path_factory.mktemp("synth") / "mimo.gguf", "tiny", tokenizer_from=smollm2_path, seed=0
+        tmp_path_factory.mktemp("synth") / "mimo.gguf", preset="tiny", tokenizer_from=smollm2_path, seed=0
     )
 
 
@@ -90,10 +90,10 @@ def test_ram_cache_serves_a_prefix_after_its_slot_was_reused(swa_engine):
 
 def test_damaged_ram_cache_entry_is_refused_and_recomputed(swa_engine):
     e = swa_engine
-    a = e.tokenize("Refuse damaged states. " + TEXT)
+    a = e.tokenize("Refuse damaged states. " + TEXT * 2)  # over --state-min-tokens (128)
     run_one(e, greedy(a, 4))
     run_one(e, greedy(e.tokenize("Another unrelated prompt takes the only slot."), 4))
-    entry = next(st for st in e.ram.entries() if len(st.tokens) >= len(a))
+    entry = next(st for st in e.ram.entries() if [int(t) for t in st.tokens[: len(a)]] == a)
     raw = bytearray(entry.data)
     raw[len(raw) // 2] ^= 0x55
     entry.data = bytes(raw)
@@ -107,10 +107,10 @@ def test_damaged_ram_cache_entry_is_refused_and_recomputed(swa_engine):
 
 def test_ram_cache_entry_of_another_configuration_is_refused(swa_engine):
     e = swa_engine
-    a = e.tokenize("Foreign states are never loaded. " + TEXT)
+    a = e.tokenize("Foreign states are never loaded. " + TEXT * 2)
     run_one(e, greedy(a, 4))
     run_one(e, greedy(e.tokenize("Yet another unrelated prompt."), 4))
-    entry = next(st for st in e.ram.entries() if len(st.tokens) >= len(a))
+    entry = next(st for st in e.ram.entries() if [int(t) for t in st.tokens[: len(a)]] == a)
     entry.identity = "another model or cache type"
     entry.digest = entry.compute_digest()  # intact bytes, foreign identity
     before = e.ram.rejected

@@ -195,3 +195,24 @@ def test_stream_sends_headers_and_keepalives_while_the_prompt_is_processed(srv):
     content_at = next(i for i, ln in enumerate(lines) if i > first_data and ln.startswith("data: "))
     assert any(ln == ": keepalive" for ln in lines[first_data:content_at]), lines[:8]
     assert events[-1] == "[DONE]" and "timings" in events[-2]
+
+
+# The model's thinking forced by a request grammar (a 135M model does not think on its own); the
+# template's parser splits it off as it would a real model's.
+THINK = r'root ::= "<think>\nI should greet.\n</think>\n\nHello!"'
+
+
+def test_reasoning_content_is_split_off_streamed_and_not(srv):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "temperature": 0, "grammar": THINK,
+            "chat_template_kwargs": {"enable_thinking": True}}
+    with httpx.Client(base_url=srv.url, timeout=120) as c:
+        msg = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert msg["content"] == "Hello!" and msg["reasoning_content"].strip() == "I should greet.", msg
+        with c.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            events = [e for e in sse_events(r.iter_lines()) if e != "[DONE]"]
+        deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == msg["reasoning_content"]
+        assert "".join(d.get("content", "") for d in deltas) == "Hello!"
+        kept = c.post("/v1/chat/completions", json={**body, "reasoning_format": "none"}).json()
+        assert "<think>" in kept["choices"][0]["message"]["content"]
+        assert "reasoning_content" not in kept["choices"][0]["message"]

@@ -267,7 +267,12 @@ class Engine:
         i = self.info
         log.info(
             "ready: %s (%d slots, n_ctx %d, K %s, V %s, flash attention %s, KV %.1f MiB, SWA %s)",
-            i.names[0], i.n_slots, i.n_ctx, i.cache_type_k, i.cache_type_v, "on" if i.flash_attn else "off",
+            i.names[0],
+            i.n_slots,
+            i.n_ctx,
+            i.cache_type_k,
+            i.cache_type_v,
+            "on" if i.flash_attn else "off",
             (i.kv_k_bytes + i.kv_v_bytes) / 2**20,
             "none" if not i.n_swa else ("full" if i.swa_full else f"window {i.n_swa}"),
         )

@@ -67,7 +67,10 @@ def load(engine: Any) -> None:
     )
     log.info(
         "model loaded in %.1f s: %s (SWA window %d, %s SWA cache)",
-        time.monotonic() - t0, engine.model_path.name, n_swa, "full-size" if s.swa_full else "windowed",
+        time.monotonic() - t0,
+        engine.model_path.name,
+        n_swa,
+        "full-size" if s.swa_full else "windowed",
     )
     identity = engine.identity(kv.type_k, kv.type_v, bool(llm.flash_attn))
     m = engine.metrics

@@ -177,9 +177,7 @@ class RamCache:
                 _, victim = self._items.popitem(last=False)
                 total -= victim.size
 
-    def best(
-        self, prompt: np.ndarray, cap: int, n_swa: int, better_than: int
-    ) -> tuple[int, SavedState, int] | None:
+    def best(self, prompt: np.ndarray, cap: int, n_swa: int, better_than: int) -> tuple[int, SavedState, int] | None:
         """(key, state, usable tokens) of the entry serving the longest prefix of ``prompt``."""
         with self._lock:
             items = list(self._items.items())

@@ -1,5 +1,4 @@
-"""Per-slot sampler chains (llama.cpp's samplers through the llama_cpp bindings) and the text side of
-generation: incremental UTF-8 detokenization with stop strings held back while partly matched.
+"""Per-slot sampler chains: llama.cpp's samplers through the llama_cpp bindings.
 
 The chain follows llama.cpp's common sampler order: grammar (lazy with triggers when asked), logit
 bias, penalties, top-k, typical, top-p, min-p, temperature, then a seeded distribution (greedy when
@@ -8,7 +7,6 @@ the temperature is <= 0).
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 from typing import Any
 
@@ -41,7 +39,7 @@ def check_grammar(vocab: Any, g: Grammar) -> None:
     llama_cpp.llama_sampler_free(grammar_sampler(vocab, g))
 
 
-def build_chain(vocab: Any, n_vocab: int, s: Sampling, grammar: Grammar | None) -> Any:
+def build_chain(vocab: Any, n_vocab: int, n_ctx: int, s: Sampling, grammar: Grammar | None) -> Any:
     """A sampler chain for one request; free it with ``llama_sampler_free``."""
     params = llama_cpp.llama_sampler_chain_default_params()
     chain = llama_cpp.llama_sampler_chain_init(params)
@@ -58,7 +56,7 @@ def build_chain(vocab: Any, n_vocab: int, s: Sampling, grammar: Grammar | None) 
             arr[i].token, arr[i].bias = tok, bias
         add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(s.logit_bias), arr))
     if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
-        last_n = n_vocab if s.repeat_last_n < 0 else s.repeat_last_n
+        last_n = n_ctx if s.repeat_last_n < 0 else s.repeat_last_n  # -1: the whole context
         add(
             llama_cpp.llama_sampler_init_penalties(
                 n_vocab, last_n, s.repeat_penalty, s.frequency_penalty, s.presence_penalty
@@ -85,51 +83,3 @@ def token_piece(vocab: Any, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(-n)
         n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
     return buf.raw[:n]
-
-
-class TextStream:
-    """Generated tokens -> text pieces, never emitting a stop string nor the start of one.
-
-    ``push(token, piece)`` returns (text to emit, token ids it covers, stop word or None).
-    ``flush()`` returns what is held back at the end (a partial stop match that never completed).
-    """
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = tuple(s for s in stops if s)
-        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
-        self._pending = ""
-        self._ids: list[int] = []
-
-    def push(self, token: int, piece: bytes) -> tuple[str, tuple[int, ...], str | None]:
-        self._ids.append(token)
-        self._pending += self._dec.decode(piece)
-        for stop in self.stops:  # the earliest complete stop string ends the text
-            i = self._pending.find(stop)
-            if i >= 0:
-                text, ids = self._pending[:i], tuple(self._ids)
-                self._pending, self._ids = "", []
-                return text, ids, stop
-        hold = self._partial_len()
-        cut = len(self._pending) - hold
-        if cut <= 0:
-            return "", (), None
-        text, self._pending = self._pending[:cut], self._pending[cut:]
-        ids, self._ids = tuple(self._ids), []
-        return text, ids, None
-
-    def _partial_len(self) -> int:
-        """Length of the longest suffix of the pending text that starts some stop string."""
-        best = 0
-        p = self._pending
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(p)), best, -1):
-                if p.endswith(stop[:k]):
-                    best = k
-                    break
-        return best
-
-    def flush(self) -> tuple[str, tuple[int, ...]]:
-        text = self._pending + self._dec.decode(b"", final=True)
-        ids = tuple(self._ids)
-        self._pending, self._ids = "", []
-        return text, ids

@@ -6,8 +6,9 @@ samples for every slot whose last token produced logits. A slot's progress is ``
 its KV sequence); when a decode is aborted or fails, each sequence's real end is read back from
 llama.cpp (llama_memory_seq_pos_max) and its slot resumes from there.
 
-While a batch holds prompt tokens, llama.cpp's abort callback is set: a cancelled, timed-out or
-drained request in prefill stops the decode within the current ubatch.
+While a batch holds prompt tokens over more than one ubatch, llama.cpp's abort callback is set: a
+cancelled, timed-out or drained request in prefill stops the decode within the current ubatch (a
+one-ubatch decode is checked between steps, which is as soon).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from .errors import EngineFailure
 from .job import Job, JobQueue
 from .prompt_cache import PARTIAL, Checkpoint, get_state, seq_pos_range
 from .request import DoneEvent, ProgressEvent, TokenEvent
-from .sampling import TextStream, build_chain, token_piece
+from .sampling import build_chain, token_piece
 from .slots import Slot, choose_slot
+from .text import TextStream
 
 log = logging.getLogger("llama_vq.server.engine")
 
@@ -100,14 +102,19 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         core, req = self.core, job.request
         prompt = np.asarray(req.prompt, dtype=np.int32)
-        slot, use = choose_slot(self.slots, prompt, core.n_swa_eff) if req.cache_prompt else (
-            min((s for s in self.slots if not s.busy), key=lambda s: s.last_used),
-            0,
-        )
+        chain = build_chain(core.vocab, core.n_vocab, core.n_ctx, req.sampling, req.grammar)  # may raise
+        if req.cache_prompt:
+            slot, use = choose_slot(self.slots, prompt, core.n_swa_eff)
+        else:
+            slot, use = min((s for s in self.slots if not s.busy), key=lambda s: s.last_used), -1
         job.slot_id = slot.id
         slot.t_start = time.monotonic()
-        self.cache.prepare(slot, prompt, use if req.cache_prompt else -1)
-        slot.job = job
+        try:
+            self.cache.prepare(slot, prompt, use)
+        except Exception:
+            llama_cpp.llama_sampler_free(chain)
+            raise
+        slot.job, slot.chain, slot.stream = job, chain, TextStream(req.stop)
         slot.n_prompt = len(prompt)
         slot.n_cached = slot.n_past
         slot.n_generated = 0
@@ -117,8 +124,6 @@ class Scheduler:
         slot.max_new = room if limit is None or limit < 0 else min(limit, room)
         timeout = req.timeout_s if req.timeout_s is not None else core.timeout_s
         slot.deadline = job.arrival + timeout if timeout and timeout > 0 else None
-        slot.chain = build_chain(core.vocab, core.n_vocab, req.sampling, req.grammar)
-        slot.stream = TextStream(req.stop)
         job.emit(ProgressEvent(slot.n_past, slot.n_prompt, slot.n_cached))
 
     # ---- one step ------------------------------------------------------------------------------
@@ -152,16 +157,19 @@ class Scheduler:
         if n == 0:
             return
         b.n_tokens = n
-        self._prefill_jobs = [s.job for s in prefill]
-        if prefill:
+        # A decode of one ubatch is cancelled between steps; only one spanning several ubatches (-b > -ub)
+        # needs the abort callback, which llama.cpp calls once per graph node (a Python call each).
+        watch = bool(prefill) and n > core.n_ubatch
+        if watch:
+            self._prefill_jobs = [s.job for s in prefill]
             llama_cpp.llama_set_abort_callback(core.ctx, self._abort_cb, None)
         t0 = time.monotonic()
         try:
             ret = llama_cpp.llama_decode(core.ctx, b)
         finally:
-            if prefill:
+            if watch:
                 llama_cpp.llama_set_abort_callback(core.ctx, llama_cpp.ggml_abort_callback(), None)
-            self._prefill_jobs = []
+                self._prefill_jobs = []
         self.observe("decode_seconds", time.monotonic() - t0)
         by_id = {s.id: s for s in active}
         if ret != 0:
@@ -276,8 +284,9 @@ class Scheduler:
         elif s.n_generated >= s.max_new or len(s.tokens) >= core.n_ctx:
             self._finish(s, "length")
 
-    def _finish(self, s: Slot, reason: str, stop_word: str | None = None, error: str | None = None,
-                save: bool = True) -> None:
+    def _finish(
+        self, s: Slot, reason: str, stop_word: str | None = None, error: str | None = None, save: bool = True
+    ) -> None:
         job = s.job
         if job is None:
             return
@@ -307,6 +316,7 @@ class Scheduler:
         done = DoneEvent(reason, stop_word, s.n_prompt, s.n_cached, s.n_generated, timings, error=error)
         self.core.on_done(job, done)
         job.emit(done)
+        s.pos_min = seq_pos_range(self.core.ctx, s.id)[0]  # the window moved during generation
         if save and reason in ("stop", "length") and s.n_past >= s.n_prompt:
             self.cache.save_to_disk(s)
         s.release()

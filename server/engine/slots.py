@@ -14,7 +14,7 @@ import numpy as np
 from ..kv_store import common_prefix
 from .job import Job
 from .prompt_cache import Checkpoint, usable_prefix
-from .sampling import TextStream
+from .text import TextStream
 
 
 @dataclass
