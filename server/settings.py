@@ -513,7 +513,7 @@ _EPILOG = """\
 Every option can also be set by an environment variable: LLAMA_VQ_ + the long flag in upper case
 with '-' as '_' (LLAMA_VQ_CTX_SIZE=65536, LLAMA_VQ_API_KEY=...). A flag wins over its variable.
 
-Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API),
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API), GET /slots,
 GET /health (no key needed), GET /metrics (Prometheus).
 
 Example (two GPUs, quantized V without flash attention, expert tensors of layers 0-24 on the CPU):

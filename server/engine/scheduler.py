@@ -73,7 +73,8 @@ class Scheduler:
             job = self.queue.pop()
             if job is None:
                 return
-            if job.cancelled:
+            if job.cancelled:  # cancelled while being taken off the queue: it still gets its end
+                job.emit(DoneEvent(job.cancel_reason, None, len(job.request.prompt), 0, 0))
                 continue
             try:
                 self._start(job)
