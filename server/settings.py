@@ -67,7 +67,7 @@ class Settings:
     checkpoint_every: int = 8192
     n_predict: int = -1  # -1: up to the end of the context
     timeout: float = 0.0  # seconds per request; 0: no limit
-    drain_timeout: float = 3.5
+    drain_timeout: float = 2.5
     sse_keepalive: float = 5.0
 
     @property
@@ -488,7 +488,8 @@ OPTIONS: tuple[Option, ...] = (
         ("--drain-timeout",),
         _seconds,
         "After SIGTERM, running and queued requests get this many seconds before they are "
-        "cancelled (llama-swap kills after 5). Default 3.5.",
+        "cancelled (llama-swap kills after 5 s; the rest of the shutdown fits in what is left). "
+        "Default 2.5.",
         "S",
     ),
     Option(
