@@ -293,7 +293,7 @@ def cmd_agent(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
     d = args.dir.resolve()
-    src = d / "llama.cpp-patched"
+    src = args.src.resolve() if args.src else d / "llama.cpp-patched"
     if not src.exists():
         subprocess.run([sys.executable, str(REPO / "tools" / "patches.py"), "export", str(src)], check=True)
     cfg = [
@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--dir", type=Path, default=Path("build-server"))
     b.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     b.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
-    b.add_argument("--cmake-args", default="")
+    b.add_argument("--cmake-args", default="", help="e.g. the GGML_* flags of the llama-vq build, for ccache hits")
+    b.add_argument("--src", type=Path, help="an exported patched tree (e.g. the llama-vq build's own)")
     for name in ("throughput", "agent"):
         q = sub.add_parser(name)
         q.add_argument("--model", type=Path, required=True)

@@ -77,7 +77,7 @@ class Settings:
     checkpoint_every: int = 8192
     n_predict: int = -1  # -1: up to the end of the context
     timeout: float = 0.0  # seconds per request; 0: no limit
-    drain_timeout: float = 3.5
+    drain_timeout: float = 2.5
     sse_keepalive: float = 5.0
 
     @property
@@ -550,7 +550,8 @@ OPTIONS: tuple[Option, ...] = (
         ("--drain-timeout",),
         _seconds,
         "After SIGTERM, running and queued requests get this many seconds before they are "
-        "cancelled (llama-swap kills after 5). Default 3.5.",
+        "cancelled (llama-swap kills after 5 s; the rest of the shutdown fits in what is left). "
+        "Default 2.5.",
         "S",
     ),
     Option(
@@ -633,7 +634,7 @@ with '-' as '_' (LLAMA_VQ_CTX_SIZE=65536, LLAMA_VQ_API_KEY=...). A flag wins ove
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API, also
 without /v1 as llama-server has them), POST /completion, /tokenize, /detokenize, /apply-template,
-GET /props (llama-server's), GET /health (no key needed), GET /metrics (Prometheus, with
+GET /props, GET /slots (llama-server's), GET /health (no key needed), GET /metrics (Prometheus, with
 llama-server's llamacpp:* names).
 
 Example (two GPUs, quantized V without flash attention, expert tensors of layers 0-24 on the CPU):

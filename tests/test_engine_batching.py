@@ -79,7 +79,7 @@ def test_cancelled_long_prefill_stops_within_one_ubatch_and_frees_its_slot(engin
     async def go():
         job = engine.submit(greedy(prompt, 4, cache_prompt=False))
         while True:
-            ev = await job.next_event(60)
+            ev = await job.next_event(600)  # one 512-token decode; minutes only on a very busy machine
             assert ev is not None
             if isinstance(ev, ProgressEvent) and ev.processed > 0:
                 break
@@ -101,6 +101,6 @@ def test_cancelled_long_prefill_stops_within_one_ubatch_and_frees_its_slot(engin
 
 def test_timeout_ends_a_request_with_finish_reason_timeout(engine):
     prompt = _tok(engine, PROMPTS[2])
-    _, _, done = run_one(engine, greedy(prompt, 100000, ignore_eos=True, timeout_s=0.5))
+    _, _, done = run_one(engine, greedy(prompt, 100000, ignore_eos=True, timeout_s=3.0))
     assert done.finish_reason == "timeout"
     assert 0 < done.completion_tokens < 4000

@@ -100,7 +100,7 @@ def test_sigterm_during_a_long_generation_exits_within_5_s_leaving_complete_stat
         took = time.monotonic() - t0
         t.join(30)
         assert code == 0, s.log()
-        assert took < 5.0, took
+        assert took < 5.0, (took, s.log()[-4000:])
         r = result["r"]
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
         assert _state_files_are_complete(d) <= 1

@@ -117,7 +117,7 @@ def test_client_disconnect_mid_stream_stops_generation_and_frees_the_model(srv):
 
 
 def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(smollm2_path, tmp_path):
-    # --drain-timeout 60: both requests may finish (by default, a drain cancels after 3.5 s)
+    # --drain-timeout 60: both requests may finish (by default, a drain cancels after 2.5 s)
     s = ServerProcess(smollm2_path, "-np", "1", "--max-queue", "1", "--drain-timeout", "60", log_dir=tmp_path)
     try:
         s.wait_ready()

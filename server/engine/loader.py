@@ -36,6 +36,7 @@ def load(engine: Any) -> None:
         type_v=s.cache_type_v,
         flash_attn=s.flash_attn,
         n_threads=s.threads,
+        n_threads_batch=s.threads,  # as llama-server's -tb: -t's value (llama_cpp's default is every CPU)
         n_batch=s.batch_size,
         n_ubatch=s.ubatch_size,
         n_seq_max=s.parallel,

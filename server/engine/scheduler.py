@@ -30,6 +30,7 @@ from .slots import Slot, choose_slot
 from .text import TextStream
 
 log = logging.getLogger("llama_vq.server.engine")
+_WATCH_MIN_TOKENS = 64
 
 
 class Scheduler:
@@ -73,7 +74,8 @@ class Scheduler:
             job = self.queue.pop()
             if job is None:
                 return
-            if job.cancelled:
+            if job.cancelled:  # cancelled while being taken off the queue: it still gets its end
+                job.emit(DoneEvent(job.cancel_reason, None, len(job.request.prompt), 0, 0))
                 continue
             try:
                 self._start(job)
@@ -157,9 +159,10 @@ class Scheduler:
         if n == 0:
             return
         b.n_tokens = n
-        # A decode of one ubatch is cancelled between steps; only one spanning several ubatches (-b > -ub)
-        # needs the abort callback, which llama.cpp calls once per graph node (a Python call each).
-        watch = bool(prefill) and n > core.n_ubatch
+        # The abort callback is a Python call per graph node: worth it for decodes that take a while
+        # (several ubatches, or a big prompt chunk, which can take seconds on a large model), not for a
+        # few tokens, which are checked between steps anyway.
+        watch = sum(added[p.id] for p in prefill) >= _WATCH_MIN_TOKENS or (bool(prefill) and n > core.n_ubatch)
         if watch:
             self._prefill_jobs = [s.job for s in prefill]
             llama_cpp.llama_set_abort_callback(core.ctx, self._abort_cb, None)
