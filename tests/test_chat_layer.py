@@ -6,7 +6,7 @@ import pytest
 from chat_support import GET_TIME, GET_WEATHER, SPECIAL_FUNCTION, args, merge_deltas, template_text
 
 from llama_vq import ChatTemplates
-from server.chat_layer import ChatLayer, ChatPlan, ChatRequestError
+from server.chat_layer import ChatLayer, ChatPlan, ChatRequestError, Thinking
 from server.engine.request import Grammar
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]
@@ -116,9 +116,17 @@ def test_server_chat_template_kwargs_are_defaults_a_request_overrides(qwen3_temp
     off = layer.apply_template({"messages": USER})
     on = layer.apply_template({"messages": USER, "chat_template_kwargs": {"enable_thinking": True}})
     assert off.endswith("<think>\n\n</think>\n\n") and not on.endswith("</think>\n\n")
-    assert layer.plan({"messages": USER}).thinking_tags is None
-    assert layer.plan({"messages": USER, "chat_template_kwargs": {"enable_thinking": True}}).thinking_tags == (
-        "<think>", ("</think>",))
+    assert layer.plan({"messages": USER}).thinking is None
+    assert layer.plan({"messages": USER, "chat_template_kwargs": {"enable_thinking": True}}).thinking == Thinking(
+        "<think>", ("</think>",), False)
+
+
+def test_a_reasoning_block_the_template_opened_is_reported_open_at_start():
+    layer = ChatLayer(_templates("Qwen3.5-4B.jinja"))
+    plan = layer.plan({"messages": USER, "tools": [GET_WEATHER], "chat_template_kwargs": {"enable_thinking": True}})
+    assert plan.prompt.endswith("<think>\n")
+    assert plan.thinking.start == "<think>" and "</think>" in plan.thinking.ends and plan.thinking.open_at_start
+    assert plan.grammar is not None and plan.grammar.lazy
 
 
 def test_developer_role_becomes_system(qwen25):
