@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from chat_support import GET_TIME, GET_WEATHER, SPECIAL_FUNCTION, args, merge_deltas, template_text
 
-from llama_vq import ChatTemplates
+from llama_vq import ChatTemplateError, ChatTemplates
 from server.chat_layer import ChatLayer, ChatPlan, ChatRequestError, Thinking
 from server.engine.request import Grammar
 
@@ -180,3 +180,18 @@ def test_props_report_the_template_and_its_caps(qwen25):
     props = qwen25.props()
     assert props["chat_template"].strip() == template_text("Qwen-Qwen2.5-7B-Instruct.jinja").strip()
     assert props["chat_template_caps"]["supports_tools"] is True
+
+
+def test_for_model_reads_a_template_file_and_refuses_a_broken_one(tmp_path):
+    good = tmp_path / "t.jinja"
+    good.write_text(template_text("MiMo-VL.jinja"), encoding="utf-8")
+    layer = ChatLayer.for_model(None, chat_template_file=good, reasoning_format="none")
+    assert layer.templates.info.source.strip() == template_text("MiMo-VL.jinja").strip()
+    assert layer.plan({"messages": USER, "stop": ["a", "b"]}).stop[:2] == ("a", "b")
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% if %}", encoding="utf-8")
+    with pytest.raises(ChatTemplateError) as e:
+        ChatLayer.for_model(None, chat_template_file=bad)
+    assert e.value.param == "template"
+    with pytest.raises(ValueError, match="reasoning_format"):
+        ChatLayer(layer.templates, reasoning_format="loud")
