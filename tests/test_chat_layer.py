@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from chat_support import GET_TIME, GET_WEATHER, SPECIAL_FUNCTION, args, merge_deltas, template_text
 
-from llama_vq import ChatTemplates
-from server.chat_layer import ChatLayer, ChatPlan, ChatRequestError
+from llama_vq import ChatTemplateError, ChatTemplates
+from server.chat_layer import ChatLayer, ChatPlan, ChatRequestError, Thinking
 from server.engine.request import Grammar
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]
@@ -116,9 +116,17 @@ def test_server_chat_template_kwargs_are_defaults_a_request_overrides(qwen3_temp
     off = layer.apply_template({"messages": USER})
     on = layer.apply_template({"messages": USER, "chat_template_kwargs": {"enable_thinking": True}})
     assert off.endswith("<think>\n\n</think>\n\n") and not on.endswith("</think>\n\n")
-    assert layer.plan({"messages": USER}).thinking_tags is None
-    assert layer.plan({"messages": USER, "chat_template_kwargs": {"enable_thinking": True}}).thinking_tags == (
-        "<think>", ("</think>",))
+    assert layer.plan({"messages": USER}).thinking is None
+    assert layer.plan({"messages": USER, "chat_template_kwargs": {"enable_thinking": True}}).thinking == Thinking(
+        "<think>", ("</think>",), False)
+
+
+def test_a_reasoning_block_the_template_opened_is_reported_open_at_start():
+    layer = ChatLayer(_templates("Qwen3.5-4B.jinja"))
+    plan = layer.plan({"messages": USER, "tools": [GET_WEATHER], "chat_template_kwargs": {"enable_thinking": True}})
+    assert plan.prompt.endswith("<think>\n")
+    assert plan.thinking.start == "<think>" and "</think>" in plan.thinking.ends and plan.thinking.open_at_start
+    assert plan.grammar is not None and plan.grammar.lazy
 
 
 def test_developer_role_becomes_system(qwen25):
@@ -172,3 +180,18 @@ def test_props_report_the_template_and_its_caps(qwen25):
     props = qwen25.props()
     assert props["chat_template"].strip() == template_text("Qwen-Qwen2.5-7B-Instruct.jinja").strip()
     assert props["chat_template_caps"]["supports_tools"] is True
+
+
+def test_for_model_reads_a_template_file_and_refuses_a_broken_one(tmp_path):
+    good = tmp_path / "t.jinja"
+    good.write_text(template_text("MiMo-VL.jinja"), encoding="utf-8")
+    layer = ChatLayer.for_model(None, chat_template_file=good, reasoning_format="none")
+    assert layer.templates.info.source.strip() == template_text("MiMo-VL.jinja").strip()
+    assert layer.plan({"messages": USER, "stop": ["a", "b"]}).stop[:2] == ("a", "b")
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% if %}", encoding="utf-8")
+    with pytest.raises(ChatTemplateError) as e:
+        ChatLayer.for_model(None, chat_template_file=bad)
+    assert e.value.param == "template"
+    with pytest.raises(ValueError, match="reasoning_format"):
+        ChatLayer(layer.templates, reasoning_format="loud")

@@ -175,6 +175,11 @@ json advance(llama_vq_chat_stream & s, common_chat_msg next, bool final) {
     if ((next.empty() && !final) || !extends(s.msg, next)) {
         return deltas;  // nothing yet, or this parse went back on what was sent: wait for more text
     }
+    for (size_t i : s.announced) {
+        if (next.tool_calls[i].name != s.msg.tool_calls[i].name) {
+            return deltas;  // a name already sent cannot change
+        }
+    }
     next.set_tool_call_ids(s.ids, random_tool_call_id);
     std::vector<common_chat_msg_diff> diffs;
     try {
