@@ -21,12 +21,6 @@ from .settings import Settings
 _MAX_STOPS = 16
 
 
-def _json_gbnf() -> str:
-    from llama_cpp.llama_grammar import JSON_GBNF  # noqa: PLC0415
-
-    return JSON_GBNF
-
-
 def _schema_gbnf(schema: dict[str, Any], param: str) -> str:
     """GBNF for a JSON schema with llama_cpp's converter; 400 naming ``param`` if it cannot."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: PLC0415
@@ -52,6 +46,7 @@ class Plan:
     chat: ChatPlan | None = None  # chats: the parser of the output
     prompt_text: str | None = None  # native /completion: echoed as "prompt"
     grammar_param: str = "grammar"  # the field a grammar the engine refuses came from
+    single_tool_call: bool = False  # parallel_tool_calls false: the answer ends with its first call
 
 
 class Serving:
@@ -192,7 +187,8 @@ class Serving:
             cache_prompt=bool(req.cache_prompt),
         )
         param = "response_format" if req.response_format is not None else "tools" if chat.has_tools else "grammar"
-        return Plan(gen, model, "chat", bool(req.stream), _include_usage(req), chat=chat, grammar_param=param)
+        return Plan(gen, model, "chat", bool(req.stream), _include_usage(req), chat=chat, grammar_param=param,
+                    single_tool_call=chat.has_tools and req.parallel_tool_calls is False)
 
     # ---- text completions ---------------------------------------------------------------------
 

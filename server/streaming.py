@@ -47,6 +47,8 @@ async def run(engine: Any, request: Request, plan: Plan, keepalive_s: float) -> 
         async for ev in job.events():
             if isinstance(ev, TokenEvent):
                 shaper.collect(ev)
+                if shaper.cut:
+                    job.cancel()
             elif isinstance(ev, DoneEvent):
                 done = ev
         if done is None or done.finish_reason == "error":
@@ -75,6 +77,8 @@ async def _sse(job: Any, shaper: _Shaper, keepalive_s: float, done_marker: bool)
                 for c in shaper.feed(ev):
                     last = time.monotonic()
                     yield _data(c)
+                if shaper.cut:
+                    job.cancel()  # the answer is complete (one tool call asked for): stop generating
                 continue
             if ev.finish_reason == "error":
                 yield _data(errors.internal(f"generation failed: {ev.error}").body())
@@ -141,6 +145,7 @@ class _Shaper:
         self.created = int(time.time())
         self.text: list[str] = []
         self.token_ids: list[int] = []
+        self.cut = False  # the answer is complete before the model ended it: the job is to be cancelled
 
     def _base(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "model": self.plan.model}
@@ -163,9 +168,41 @@ class _Shaper:
 
 
 class _ChatShaper(_Shaper):
+    """With ``parallel_tool_calls: false`` one call is the answer: llama.cpp's grammars for formats with
+    a marker per call (Hermes ``<tool_call>``, Qwen3, MiMo) allow several whatever the flag says, so the
+    deltas of a second call are dropped and generation is stopped as it begins (finish_reason tool_calls).
+    """
+
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan, "chatcmpl-")
         self.stream = plan.chat.new_stream()
+        self.single = plan.single_tool_call
+
+    def _keep(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self.single:
+            return deltas
+        out = []
+        for d in deltas:
+            if self.cut:
+                break
+            calls = d.get("tool_calls")
+            if calls:
+                first = [tc for tc in calls if tc.get("index", 0) == 0]
+                if len(first) < len(calls):
+                    self.cut = True
+                d = {**d, "tool_calls": first} if first else {k: v for k, v in d.items() if k != "tool_calls"}
+            if d:
+                out.append(d)
+        return out
+
+    def _finish_message(self, done: DoneEvent) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+        msg, deltas, finish = self.stream.finish("stop" if self.cut else _finish(done))
+        if self.single and msg.get("tool_calls"):
+            msg = {**msg, "tool_calls": msg["tool_calls"][:1]}
+        return msg, self._keep(deltas), finish
+
+    def collect(self, ev: TokenEvent) -> None:
+        self._keep(self.stream.feed(ev.text))
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, done: DoneEvent | None = None) -> dict:
         calls = None
@@ -189,10 +226,12 @@ class _ChatShaper(_Shaper):
         return [self._chunk({"role": "assistant", "content": ""})]
 
     def feed(self, ev: TokenEvent) -> list[dict[str, Any]]:
-        return [self._chunk(d) for d in self.stream.feed(ev.text)]
+        if self.cut:
+            return []
+        return [self._chunk(d) for d in self._keep(self.stream.feed(ev.text))]
 
     def done(self, done: DoneEvent) -> list[dict[str, Any]]:
-        _, deltas, finish = self.stream.finish(_finish(done))
+        _, deltas, finish = self._finish_message(done)
         out = [self._chunk(d) for d in deltas]
         out.append(self._chunk({}, finish, done))
         if self.plan.include_usage:
@@ -200,8 +239,7 @@ class _ChatShaper(_Shaper):
         return out
 
     def result(self, done: DoneEvent) -> dict[str, Any]:
-        self.stream.feed("".join(self.text))
-        msg, _, finish = self.stream.finish(_finish(done))
+        msg, _, finish = self._finish_message(done)
         calls = [
             protocol.ResponseToolCall(
                 id=c.get("id") or f"call_{i}",
