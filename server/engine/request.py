@@ -21,6 +21,10 @@ class Grammar:
     lazy: bool = False
     trigger_patterns: tuple[str, ...] = ()  # regexes as llama.cpp's lazy grammar takes them
     trigger_tokens: tuple[int, ...] = ()
+    # accepted into the grammar before the first sampled token: the generation prompt's tail that a
+    # non-lazy chat grammar starts with (e.g. Qwen3's "<think>\n\n</think>\n\n" with thinking off), as
+    # llama-server's common sampler prefills it
+    prefill_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .errors import EngineFailure
 from .job import Job, JobQueue
 from .prompt_cache import PARTIAL, Checkpoint, get_state, seq_pos_range
 from .request import DoneEvent, ProgressEvent, TokenEvent
-from .sampling import build_chain, token_piece
+from .sampling import build_samplers, token_piece
 from .slots import Slot, choose_slot
 from .text import TextStream
 
@@ -104,7 +104,8 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         core, req = self.core, job.request
         prompt = np.asarray(req.prompt, dtype=np.int32)
-        chain = build_chain(core.vocab, core.n_vocab, core.n_ctx, req.sampling, req.grammar)  # may raise
+        smp = build_samplers(core.vocab, core.n_vocab, core.n_ctx, req.sampling, req.grammar)  # may raise
+        chain = smp.chain
         if req.cache_prompt:
             slot, use = choose_slot(self.slots, prompt, core.n_swa_eff)
         else:
@@ -117,6 +118,7 @@ class Scheduler:
             llama_cpp.llama_sampler_free(chain)
             raise
         slot.job, slot.chain, slot.stream = job, chain, TextStream(req.stop)
+        slot.samplers = smp
         slot.n_prompt = len(prompt)
         slot.n_cached = slot.n_past
         slot.n_generated = 0
@@ -315,7 +317,7 @@ class Scheduler:
         }
         if s.chain is not None:
             llama_cpp.llama_sampler_free(s.chain)
-            s.chain = None
+            s.chain = s.samplers = None
         done = DoneEvent(reason, stop_word, s.n_prompt, s.n_cached, s.n_generated, timings, error=error)
         self.core.on_done(job, done)
         job.emit(done)

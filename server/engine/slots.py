@@ -28,6 +28,7 @@ class Slot:
     # the running request
     job: Job | None = None
     chain: Any = None
+    samplers: Any = None  # sampling.Samplers (chain, rest, grammar)
     stream: TextStream | None = None
     n_prompt: int = 0
     n_cached: int = 0
