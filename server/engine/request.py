@@ -28,6 +28,16 @@ class Grammar:
 
 
 @dataclass(frozen=True)
+class Reasoning:
+    """The request's reasoning block (the chat plan's ``thinking``): a lazy grammar is neither applied
+    nor fed while the block is open, as llama-server gates it; its triggers scan only the text after."""
+
+    start: str = "<think>"
+    ends: tuple[str, ...] = ("</think>",)
+    open_at_start: bool = False  # the prompt ends inside the block (the template opened it)
+
+
+@dataclass(frozen=True)
 class Sampling:
     """llama.cpp's sampler chain parameters (llama-server's defaults). temperature <= 0 is greedy."""
 
@@ -56,6 +66,7 @@ class GenerationRequest:
     render_special: bool = False  # detokenize generated special tokens as text
     cache_prompt: bool = True
     timeout_s: float | None = None  # None: the server's --timeout
+    reasoning: Reasoning | None = None  # gate a lazy grammar on this reasoning block
 
 
 @dataclass(frozen=True)
