@@ -70,6 +70,7 @@ def _generate(engine, plan, grammar, **sampling):
         stop=plan.stop,
         max_tokens=64,
         render_special=plan.render_special,
+        preserved_token_ids=plan.preserved_token_ids,
     )
     return run_one(engine, req)
 

@@ -100,3 +100,18 @@ def test_reasoning_watch_spans_tokens_and_replays_the_end_tag_tokens():
     assert w.push(6, b"<tool_call>") == () and not w.inside
     opened = ReasoningWatch(Reasoning("<think>", ("</think>", "[END]"), open_at_start=True))
     assert opened.inside and opened.push(7, b"x[END]y") == (7,) and not opened.inside
+
+
+def test_render_special_renders_only_the_preserved_special_tokens(engine):
+    im_start = engine.tokenize("<|im_start|>", False, True)
+    assert len(im_start) == 1
+    tok = im_start[0]
+    prompt = tuple(engine.tokenize(PROMPT))
+    s = Sampling(temperature=0, logit_bias=((tok, 100.0),))
+
+    def text(**kw):
+        return run_one(engine, GenerationRequest(prompt, s, max_tokens=2, render_special=True, **kw))[1]
+
+    assert text() == "<|im_start|>" * 2  # no list: every special token, as before
+    assert text(preserved_token_ids=(tok,)) == "<|im_start|>" * 2
+    assert text(preserved_token_ids=(tok + 1,)) == ""  # special, not preserved: not rendered

@@ -67,6 +67,7 @@ class GenerationRequest:
     cache_prompt: bool = True
     timeout_s: float | None = None  # None: the server's --timeout
     reasoning: Reasoning | None = None  # gate a lazy grammar on this reasoning block
+    preserved_token_ids: tuple[int, ...] = ()  # with render_special: render only these special tokens
 
 
 @dataclass(frozen=True)

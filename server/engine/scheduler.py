@@ -122,6 +122,7 @@ class Scheduler:
         slot.samplers = smp
         gated = req.grammar is not None and req.grammar.lazy and req.reasoning is not None  # as llama-server
         slot.watch = ReasoningWatch(req.reasoning) if gated else None
+        slot.preserved = frozenset(req.preserved_token_ids)
         slot.n_prompt = len(prompt)
         slot.n_cached = slot.n_past
         slot.n_generated = 0
@@ -289,7 +290,8 @@ class Scheduler:
             self.observe("tpot", now - s.t_last)
         s.t_last = now
         s.n_generated += 1
-        text, ids, stop = s.stream.push(tok, token_piece(core.vocab, tok, job.request.render_special))
+        special = job.request.render_special and (not s.preserved or tok in s.preserved)
+        text, ids, stop = s.stream.push(tok, token_piece(core.vocab, tok, special))
         if text:
             job.emit(TokenEvent(text, ids))
         if stop is not None:

@@ -31,6 +31,7 @@ class Slot:
     chain: Any = None
     samplers: Any = None  # sampling.Samplers (chain, rest, grammar)
     watch: ReasoningWatch | None = None  # the reasoning block a lazy grammar is gated on
+    preserved: frozenset[int] = frozenset()  # special tokens rendered as text (empty: all, when asked)
     stream: TextStream | None = None
     n_prompt: int = 0
     n_cached: int = 0
