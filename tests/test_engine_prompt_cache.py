@@ -116,3 +116,25 @@ def test_ram_cache_entry_of_another_configuration_is_refused(swa_engine):
     before = e.ram.rejected
     _, _, done = run_one(e, greedy(a, 4))
     assert e.ram.rejected == before + 1 and done.cached_tokens == 0
+
+
+def test_state_file_checkpoints_serve_a_diverging_prompt_after_a_restart(mimo, tmp_path):
+    """The state file holds the sequence and its SWA checkpoints: after a restart, a prompt diverging
+    where the last answer began restores the checkpoint, and gives the recomputed tokens."""
+    flags = ("-c", "2048", "-np", "1", "-b", "64", "-ub", "32", "--state-dir", str(tmp_path), "--state-min-tokens", "8")
+    e = start_engine(mimo, *flags)
+    try:
+        a = e.tokenize(TEXT)
+        run_one(e, greedy(a, 300, ignore_eos=True))  # past the window: the file alone cannot be cut back
+    finally:
+        e.shutdown()
+    e = start_engine(mimo, *flags)
+    try:
+        b = a + e.tokenize(" Then the story changes.", add_special=False)
+        ids, _, done = run_one(e, greedy(b, 12, ignore_eos=True))
+        assert done.cached_tokens == len(a) - 4, (done.cached_tokens, len(a))
+        assert e.metrics.state_restored_tokens.value() >= len(a)
+        ref_ids, _, _ = run_one(e, greedy(b, 12, ignore_eos=True, cache_prompt=False))
+        assert ids == ref_ids
+    finally:
+        e.shutdown()

@@ -21,7 +21,7 @@ from .errors import (
     PromptTooLong,
     QueueFull,
 )
-from .request import DoneEvent, GenerationRequest, Grammar, ProgressEvent, Sampling, TokenEvent
+from .request import DoneEvent, GenerationRequest, Grammar, ProgressEvent, Reasoning, Sampling, TokenEvent
 
 __all__ = [
     "DoneEvent",
@@ -39,6 +39,7 @@ __all__ = [
     "ProgressEvent",
     "PromptTooLong",
     "QueueFull",
+    "Reasoning",
     "Sampling",
     "TokenEvent",
     "attn_rotation_disabled",

@@ -21,6 +21,20 @@ class Grammar:
     lazy: bool = False
     trigger_patterns: tuple[str, ...] = ()  # regexes as llama.cpp's lazy grammar takes them
     trigger_tokens: tuple[int, ...] = ()
+    # accepted into the grammar before the first sampled token: the generation prompt's tail that a
+    # non-lazy chat grammar starts with (e.g. Qwen3's "<think>\n\n</think>\n\n" with thinking off), as
+    # llama-server's common sampler prefills it
+    prefill_tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """The request's reasoning block (the chat plan's ``thinking``): a lazy grammar is neither applied
+    nor fed while the block is open, as llama-server gates it; its triggers scan only the text after."""
+
+    start: str = "<think>"
+    ends: tuple[str, ...] = ("</think>",)
+    open_at_start: bool = False  # the prompt ends inside the block (the template opened it)
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,8 @@ class GenerationRequest:
     render_special: bool = False  # detokenize generated special tokens as text
     cache_prompt: bool = True
     timeout_s: float | None = None  # None: the server's --timeout
+    reasoning: Reasoning | None = None  # gate a lazy grammar on this reasoning block
+    preserved_token_ids: tuple[int, ...] = ()  # with render_special: render only these special tokens
 
 
 @dataclass(frozen=True)

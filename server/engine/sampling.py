@@ -2,12 +2,16 @@
 
 The chain follows llama.cpp's common sampler order: grammar (lazy with triggers when asked), logit
 bias, penalties, top-k, typical, top-p, min-p, temperature, then a seeded distribution (greedy when
-the temperature is <= 0).
+the temperature is <= 0). With a grammar the chain is ``[grammar, rest]``: ``rest`` (everything but
+the grammar, a chain of its own) is sampled from alone while the grammar is gated (inside a reasoning
+block), so the grammar is then neither applied nor fed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
@@ -35,21 +39,65 @@ def grammar_sampler(vocab: Any, g: Grammar) -> Any:
 
 
 def check_grammar(vocab: Any, g: Grammar) -> None:
-    """Raise InvalidGrammar when llama.cpp cannot parse ``g`` (called at submit time)."""
-    llama_cpp.llama_sampler_free(grammar_sampler(vocab, g))
+    """Raise InvalidGrammar when llama.cpp cannot parse ``g`` or take its prefill (called at submit time)."""
+    smpl = grammar_sampler(vocab, g)
+    try:
+        prefill(smpl, g.prefill_tokens)
+    finally:
+        llama_cpp.llama_sampler_free(smpl)
+
+
+@dataclass
+class Samplers:
+    chain: Any  # [grammar, rest] (or rest alone): sample from it; freeing it frees everything
+    rest: Any  # the chain without the grammar
+    grammar: Any = None  # owned by ``chain``
+
+
+def build_samplers(vocab: Any, n_vocab: int, n_ctx: int, s: Sampling, grammar: Grammar | None) -> Samplers:
+    """The samplers of one request (InvalidGrammar when llama.cpp refuses the grammar or its prefill)."""
+    rest = _rest_chain(n_vocab, n_ctx, s)
+    if grammar is None:
+        return Samplers(rest, rest)
+    try:
+        g = grammar_sampler(vocab, grammar)
+    except InvalidGrammar:
+        llama_cpp.llama_sampler_free(rest)
+        raise
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(chain, g)
+    llama_cpp.llama_sampler_chain_add(chain, rest)
+    try:
+        prefill(g, grammar.prefill_tokens)
+    except InvalidGrammar:
+        llama_cpp.llama_sampler_free(chain)
+        raise
+    return Samplers(chain, rest, g)
 
 
 def build_chain(vocab: Any, n_vocab: int, n_ctx: int, s: Sampling, grammar: Grammar | None) -> Any:
     """A sampler chain for one request; free it with ``llama_sampler_free``."""
+    return build_samplers(vocab, n_vocab, n_ctx, s, grammar).chain
+
+
+def prefill(g: Any, tokens: tuple[int, ...]) -> None:
+    """Accept ``tokens`` into grammar sampler ``g``, each checked first (llama.cpp throws through the C
+    API on a token its grammar cannot take, which would end the process)."""
+    one = (llama_cpp.llama_token_data * 1)()
+    arr = llama_cpp.llama_token_data_array(one, 1, -1, False)
+    for t in tokens:
+        one[0].id, one[0].logit, one[0].p = t, 0.0, 0.0
+        arr.size, arr.selected = 1, -1
+        llama_cpp.llama_sampler_apply(g, ctypes.byref(arr))
+        if math.isinf(one[0].logit):
+            raise InvalidGrammar(f"the grammar does not accept its prefill token {t}", param="grammar")
+        llama_cpp.llama_sampler_accept(g, t)
+
+
+def _rest_chain(n_vocab: int, n_ctx: int, s: Sampling) -> Any:
     params = llama_cpp.llama_sampler_chain_default_params()
     chain = llama_cpp.llama_sampler_chain_init(params)
     add = lambda smpl: llama_cpp.llama_sampler_chain_add(chain, smpl)  # noqa: E731
-    try:
-        if grammar is not None:
-            add(grammar_sampler(vocab, grammar))
-    except InvalidGrammar:
-        llama_cpp.llama_sampler_free(chain)
-        raise
     if s.logit_bias:
         arr = (llama_cpp.llama_logit_bias * len(s.logit_bias))()
         for i, (tok, bias) in enumerate(s.logit_bias):

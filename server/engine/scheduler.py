@@ -24,8 +24,9 @@ import numpy as np
 from .errors import EngineFailure
 from .job import Job, JobQueue
 from .prompt_cache import PARTIAL, Checkpoint, get_state, seq_pos_range
+from .reasoning import ReasoningWatch
 from .request import DoneEvent, ProgressEvent, TokenEvent
-from .sampling import build_chain, token_piece
+from .sampling import build_samplers, token_piece
 from .slots import Slot, choose_slot
 from .text import TextStream
 
@@ -104,7 +105,8 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         core, req = self.core, job.request
         prompt = np.asarray(req.prompt, dtype=np.int32)
-        chain = build_chain(core.vocab, core.n_vocab, core.n_ctx, req.sampling, req.grammar)  # may raise
+        smp = build_samplers(core.vocab, core.n_vocab, core.n_ctx, req.sampling, req.grammar)  # may raise
+        chain = smp.chain
         if req.cache_prompt:
             slot, use = choose_slot(self.slots, prompt, core.n_swa_eff)
         else:
@@ -117,6 +119,10 @@ class Scheduler:
             llama_cpp.llama_sampler_free(chain)
             raise
         slot.job, slot.chain, slot.stream = job, chain, TextStream(req.stop)
+        slot.samplers = smp
+        gated = req.grammar is not None and req.grammar.lazy and req.reasoning is not None  # as llama-server
+        slot.watch = ReasoningWatch(req.reasoning) if gated else None
+        slot.preserved = frozenset(req.preserved_token_ids)
         slot.n_prompt = len(prompt)
         slot.n_cached = slot.n_past
         slot.n_generated = 0
@@ -269,17 +275,23 @@ class Scheduler:
         if s.n_generated == 0:
             s.t_prompt_done = now
             self.observe("ttft", now - job.arrival)
-        tok = int(llama_cpp.llama_sampler_sample(s.chain, core.ctx, s.i_batch))
+        watch = s.watch
+        smpl = s.samplers.rest if watch is not None and watch.inside else s.chain  # grammar gated
+        tok = int(llama_cpp.llama_sampler_sample(smpl, core.ctx, s.i_batch))
         s.i_batch = -1
         if llama_cpp.llama_vocab_is_eog(core.vocab, tok) and not job.request.ignore_eos:
             self._finish(s, "stop")
             return
         s.tokens.append(tok)
+        if watch is not None:
+            for t in watch.push(tok, token_piece(core.vocab, tok, True)):  # a closing end tag: the grammar
+                llama_cpp.llama_sampler_accept(s.samplers.grammar, t)  # sees it (a trigger may start there)
         if s.n_generated:
             self.observe("tpot", now - s.t_last)
         s.t_last = now
         s.n_generated += 1
-        text, ids, stop = s.stream.push(tok, token_piece(core.vocab, tok, job.request.render_special))
+        special = job.request.render_special and (not s.preserved or tok in s.preserved)
+        text, ids, stop = s.stream.push(tok, token_piece(core.vocab, tok, special))
         if text:
             job.emit(TokenEvent(text, ids))
         if stop is not None:
@@ -315,7 +327,7 @@ class Scheduler:
         }
         if s.chain is not None:
             llama_cpp.llama_sampler_free(s.chain)
-            s.chain = None
+            s.chain = s.samplers = s.watch = None
         done = DoneEvent(reason, stop_word, s.n_prompt, s.n_cached, s.n_generated, timings, error=error)
         self.core.on_done(job, done)
         job.emit(done)

@@ -14,6 +14,7 @@ import numpy as np
 from ..kv_store import common_prefix
 from .job import Job
 from .prompt_cache import Checkpoint, usable_prefix
+from .reasoning import ReasoningWatch
 from .text import TextStream
 
 
@@ -28,6 +29,9 @@ class Slot:
     # the running request
     job: Job | None = None
     chain: Any = None
+    samplers: Any = None  # sampling.Samplers (chain, rest, grammar)
+    watch: ReasoningWatch | None = None  # the reasoning block a lazy grammar is gated on
+    preserved: frozenset[int] = frozenset()  # special tokens rendered as text (empty: all, when asked)
     stream: TextStream | None = None
     n_prompt: int = 0
     n_cached: int = 0
