@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """llama-vq-server against llama.cpp's own llama-server (built from the same patched tree), side by side.
 
-    python benchmarks/serve_bench.py build --dir build-server            # llama-server, once (nice'd)
+    python benchmarks/serve_bench.py build --llama-vq                    # llama-server, once (nice'd):
+        # from our own CMake project (LLAMA_VQ_BUILD_SERVER=ON) in build/server-bench, beside the pip build
+        # dir, with its compilers and flags: every object but the server's is a ccache hit
+    python benchmarks/serve_bench.py build --dir build-server            # or standalone from the patched tree
     python benchmarks/serve_bench.py throughput --llama-server build-server/build/bin/llama-server \\
         --model M.gguf --out bench-out [--clients 1,2,4,8] [--threads 1] [--extra ARGS]
     python benchmarks/serve_bench.py agent --model mimo.gguf --state-dir DIR --out bench-out \\
@@ -291,7 +294,45 @@ def cmd_agent(args: argparse.Namespace) -> dict[str, Any]:
 # ---- build llama-server ------------------------------------------------------------------------------
 
 
+def _pip_build_cache() -> dict[str, str]:
+    """CMakeCache entries of this checkout's pip build dir (build/<wheel tag>), {} when there is none."""
+    for cache in sorted((REPO / "build").glob("py3-*/CMakeCache.txt")):
+        return dict(
+            (k.split(":", 1)[0], v)
+            for k, _, v in (ln.partition("=") for ln in cache.read_text().splitlines())
+            if ":" in k
+        )
+    return {}
+
+
+def cmd_build_llama_vq(args: argparse.Namespace) -> dict[str, Any]:
+    """llama-server from our top-level CMake project: the same patched tree, flags and ccache base dir as
+    the pip build, and a build dir at the same depth (build/server-bench), so its compiles hit ccache."""
+    pip = _pip_build_cache()
+    d = REPO / "build" / "server-bench"
+    env = dict(os.environ)
+    for var, key in (("CC", "CMAKE_C_COMPILER"), ("CXX", "CMAKE_CXX_COMPILER")):
+        if pip.get(key):
+            env[var] = pip[key]  # ccache keys on the compiler path: /usr/bin/cc is not /usr/bin/gcc
+    cfg = ["cmake", "-S", str(REPO), "-B", str(d), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_VQ_BUILD_SERVER=ON"]
+    cfg += ["-DLLAMA_VQ_BUILD_TOOLS=ON"]  # llama.cpp adds tools/server only with its tools
+    keys = ("LLAMA_VQ_BACKEND", "LLAMA_VQ_CPU_FEATURES", "SKBUILD_PROJECT_VERSION")
+    cfg += [f"-D{k}={pip[k]}" for k in keys if pip.get(k)]
+    cfg += [f"-DPython3_EXECUTABLE={sys.executable}", *shlex.split(args.cmake_args)]
+    if shutil.which("ninja"):
+        cfg += ["-G", "Ninja"]
+    t0 = time.time()
+    nice = ["nice", "-n", "5"] if shutil.which("nice") else []
+    subprocess.run(cfg, check=True, env=env)
+    subprocess.run([*nice, "cmake", "--build", str(d), "-j", str(args.jobs), "--target", "llama-server"], check=True)
+    binary = d / "bin" / "llama-server"
+    print(f"[build] {binary} in {time.time() - t0:.0f} s")
+    return {"llama_server": str(binary), "build_s": time.time() - t0}
+
+
 def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
+    if args.llama_vq:
+        return cmd_build_llama_vq(args)
     d = args.dir.resolve()
     src = args.src.resolve() if args.src else d / "llama.cpp-patched"
     if not src.exists():
@@ -364,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
     b.add_argument("--cmake-args", default="", help="e.g. the GGML_* flags of the llama-vq build, for ccache hits")
     b.add_argument("--src", type=Path, help="an exported patched tree (e.g. the llama-vq build's own)")
+    b.add_argument("--llama-vq", action="store_true", help="through our CMake project (ccache hits; see above)")
     for name in ("throughput", "agent"):
         q = sub.add_parser(name)
         q.add_argument("--model", type=Path, required=True)
