@@ -17,6 +17,17 @@ from . import _hooks, _logs  # noqa: E402  (after the binding: these import llam
 from ._build import BuildInfo, build_info  # noqa: E402
 from ._validate import check_config  # noqa: E402
 from .cache_types import CACHE_TYPES, CacheType, parse_cache_type, parse_flash_attn  # noqa: E402
+from .chat import (  # noqa: E402
+    ChatMessage,
+    ChatParams,
+    ChatStream,
+    ChatTemplateError,
+    ChatTemplates,
+    StreamEnd,
+    TemplateInfo,
+    ToolCall,
+    builtin_templates,
+)
 from .errors import (  # noqa: E402
     BindingError,
     CacheConfigError,
@@ -41,6 +52,11 @@ __all__ = [
     "CACHE_TYPES",
     "CacheConfigError",
     "CacheType",
+    "ChatMessage",
+    "ChatParams",
+    "ChatStream",
+    "ChatTemplateError",
+    "ChatTemplates",
     "ConfigError",
     "ContextCreationError",
     "DefaultModelError",
@@ -48,8 +64,12 @@ __all__ = [
     "Llama",
     "LlamaVQError",
     "ModelLoadError",
+    "StreamEnd",
+    "TemplateInfo",
     "TensorOverrideError",
+    "ToolCall",
     "build_info",
+    "builtin_templates",
     "check_config",
     "default_model_path",
     "parse_cache_type",

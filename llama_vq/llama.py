@@ -86,6 +86,15 @@ class Llama(llama_cpp.Llama):
         tensor_overrides: llama-server's --override-tensor: [("exps", "CPU")] or ["exps=CPU"];
             tensors whose name matches the regex are stored in that buffer type.
         rpc_servers: "host:port,host:port" of llama.cpp rpc-server processes to use as devices.
+        swa_full: cache size of sliding-window-attention layers (SWA/iSWA models such as MiMo, Gemma).
+            True (llama.cpp's C default, hence this default): as large as the context, so any cached
+            prefix can be cut back and reused, as llama_cpp.Llama's prefix reuse assumes. False: only
+            the window (plus a micro-batch) per sequence, as llama-server does by default; a fraction
+            of the memory (MiMo-V2-Flash at 64K: ~1.3 GB instead of ~14 GB f16), but a cached sequence
+            can then only be extended, or cut back to within its window. ``kv_cache_info()`` reports
+            the bytes allocated either way. No effect on models without SWA layers.
+        n_seq_max: sequences the context holds (parallel slots of a server). Default 1.
+        kv_unified: one KV buffer shared by all sequences (llama-server's default with slots).
 
     Raises:
         CacheConfigError (ValueError): unknown type name, or an impossible combination, before any
@@ -104,6 +113,9 @@ class Llama(llama_cpp.Llama):
         flash_attn: bool | str | int = False,
         tensor_overrides: Sequence[tuple[str, str] | str] | None = None,
         rpc_servers: str | Sequence[str] | None = None,
+        swa_full: bool = True,
+        n_seq_max: int = 1,
+        kv_unified: bool = False,
         **kwargs: Any,
     ) -> None:
         tk = parse_cache_type("f16" if type_k is None else type_k, param="type_k")
@@ -156,6 +168,8 @@ class Llama(llama_cpp.Llama):
             params.flash_attn_type = fa
             if swa_differs:  # for the llama_init_from_model() that follows on this thread
                 _native.set_next_swa_cache_types(tk_swa.ggml_type, tv_swa.ggml_type)
+            params.n_seq_max = n_seq_max
+            params.kv_unified = kv_unified
 
         with _hooks.adjusting(model=adjust_model, context=adjust_context), _logs.Capture() as cap:
             try:
@@ -164,6 +178,7 @@ class Llama(llama_cpp.Llama):
                     type_k=tk.ggml_type,
                     type_v=tv.ggml_type,
                     flash_attn=fa == FLASH_ATTN_ON,
+                    swa_full=swa_full,
                     **kwargs,
                 )
             except ValueError as e:
@@ -183,6 +198,12 @@ class Llama(llama_cpp.Llama):
         self._vq_type_k_swa, self._vq_type_v_swa = tk_swa, tv_swa
         self._vq_flash_attn_requested = fa
         self._vq_flash_attn = self._resolved_flash_attn(cap.text(), fa)
+        self._vq_swa_full = bool(swa_full)
+
+    @property
+    def swa_full(self) -> bool:
+        """Whether sliding-window layers got a full-size cache (see the constructor)."""
+        return self._vq_swa_full
 
     def close(self) -> None:
         # llama_cpp.Llama.close() assumes its __init__ ran; ours may refuse before calling it.

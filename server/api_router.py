@@ -9,18 +9,17 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import protocol
 from .metrics import CONTENT_TYPE
-from .serving import (
-    chat_chunk,
-    chat_result,
-    chat_usage_chunk,
-    completion_chunk,
-    completion_result,
-    completion_usage_chunk,
-)
+from .streaming import run
 
 router = APIRouter()
 
-ROUTES = frozenset({"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics"})
+# llama-server's paths without /v1 answer as their /v1 twins (hidden from the OpenAPI document).
+ALIASES = {"/models": "/v1/models", "/chat/completions": "/v1/chat/completions",
+           "/completions": "/v1/completions", "/v1/health": "/health"}
+ROUTES = frozenset(
+    {"/v1/models", "/v1/chat/completions", "/v1/completions", "/health", "/metrics", "/completion",
+     "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", *ALIASES}
+)
 
 _ERR = {"model": protocol.ErrorResponse}
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -51,10 +50,7 @@ _SSE = {
 }
 
 
-def _include_usage(body: protocol._Sampling) -> bool:
-    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
-
-
+@router.get("/models", include_in_schema=False)
 @router.get("/v1/models", response_model=protocol.ModelList, responses={503: _ERRORS[503]})
 async def list_models(request: Request) -> Response:
     engine = request.app.state.engine
@@ -63,6 +59,7 @@ async def list_models(request: Request) -> Response:
     return JSONResponse(protocol.ModelList(data=cards).model_dump())
 
 
+@router.post("/chat/completions", include_in_schema=False)
 @router.post(
     "/v1/chat/completions",
     response_model=protocol.ChatCompletionResponse,
@@ -77,16 +74,10 @@ async def list_models(request: Request) -> Response:
 )
 async def chat_completions(request: Request, body: protocol.ChatCompletionRequest) -> Response:
     serving = request.app.state.serving
-    work, model = serving.chat_work(body)
-    return await serving.run(
-        request,
-        work,
-        shape_result=chat_result(model),
-        shape_chunk=chat_chunk(model),
-        usage_chunk=chat_usage_chunk(model) if _include_usage(body) else None,
-    )
+    return await run(serving.engine, request, serving.chat_plan(body), serving.keepalive_s)
 
 
+@router.post("/completions", include_in_schema=False)
 @router.post(
     "/v1/completions",
     response_model=protocol.CompletionResponse,
@@ -101,16 +92,10 @@ async def chat_completions(request: Request, body: protocol.ChatCompletionReques
 )
 async def completions(request: Request, body: protocol.CompletionRequest) -> Response:
     serving = request.app.state.serving
-    work, model = serving.completion_work(body)
-    return await serving.run(
-        request,
-        work,
-        shape_result=completion_result(model),
-        shape_chunk=completion_chunk(model),
-        usage_chunk=completion_usage_chunk(model) if _include_usage(body) else None,
-    )
+    return await run(serving.engine, request, serving.completion_plan(body), serving.keepalive_s)
 
 
+@router.get("/v1/health", include_in_schema=False)
 @router.get(
     "/health",
     response_model=protocol.Health,
@@ -145,6 +130,51 @@ async def health(request: Request) -> Response:
     )
 
 
+# ---- llama-server's native endpoints --------------------------------------------------------------
+
+
+@router.post(
+    "/completion",
+    response_model=protocol.NativeCompletionResponse,
+    responses={
+        200: {
+            "content": _SSE,
+            "description": "llama-server's completion; with stream=true, Server-Sent Events of "
+            "partial results, the last one with stop=true and timings (no [DONE])",
+        },
+        **_ERRORS,
+    },
+)
+async def native_completion(request: Request, body: protocol.NativeCompletionRequest) -> Response:
+    serving = request.app.state.serving
+    return await run(serving.engine, request, serving.native_completion_plan(body), serving.keepalive_s)
+
+
+_UTIL_ERRORS: dict[int | str, dict[str, Any]] = {400: _ERRORS[400], 503: _ERRORS[503]}
+
+
+@router.post("/tokenize", response_model=protocol.TokenizeResponse, responses=_UTIL_ERRORS)
+async def tokenize(request: Request, body: protocol.TokenizeRequest) -> Response:
+    out = request.app.state.serving.tokenize(body)
+    return JSONResponse(out.model_dump())
+
+
+@router.post("/detokenize", response_model=protocol.DetokenizeResponse, responses=_UTIL_ERRORS)
+async def detokenize(request: Request, body: protocol.DetokenizeRequest) -> Response:
+    return JSONResponse(request.app.state.serving.detokenize(body).model_dump())
+
+
+@router.post("/apply-template", response_model=protocol.ApplyTemplateResponse, responses=_UTIL_ERRORS)
+async def apply_template(request: Request, body: protocol.ChatCompletionRequest) -> Response:
+    prompt = request.app.state.serving.apply_template(body)
+    return JSONResponse(protocol.ApplyTemplateResponse(prompt=prompt).model_dump())
+
+
+@router.get("/props", response_model=protocol.Props, responses={503: _ERRORS[503]})
+async def props(request: Request) -> Response:
+    return JSONResponse(request.app.state.serving.props().model_dump(exclude_none=True))
+
+
 @router.get(
     "/metrics",
     response_class=PlainTextResponse,
@@ -157,3 +187,9 @@ async def health(request: Request) -> Response:
 )
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/slots", responses={200: {"description": "One entry per slot (read-only)"}})
+async def slots(request: Request) -> Response:
+    """llama-server's GET /slots, read-only: id, state, context, cached tokens, checkpoints."""
+    return JSONResponse(request.app.state.engine.slots())

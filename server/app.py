@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,9 +17,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
 from .api_router import ROUTES, router
-from .auth import ApiKeyMiddleware
+from .auth import ApiKeyMiddleware, CorsMiddleware, send_error
 from .engine import Engine
-from .errors import ApiError
+from .engine.errors import EngineError
+from .errors import ApiError, error_body, from_exception
 from .metrics import Metrics
 from .serving import Serving
 from .settings import Settings
@@ -52,18 +52,25 @@ def create_app(
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = metrics
-    app.state.serving = Serving(engine)
+    app.state.serving = Serving(engine, settings)
     app.include_router(router)
 
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    # Engine and chat-layer exceptions (ValueError covers the chat layer's) become answers in
+    # errors.from_exception; registered by class because Starlette re-raises what reaches `Exception`.
+    app.add_exception_handler(EngineError, _unexpected)
+    app.add_exception_handler(ValueError, _unexpected)
     app.add_exception_handler(Exception, _unexpected)
 
-    # Outermost first: count every answer, then check the key, then the body size.
+    # Outermost first: count every answer, then CORS (pre-flights answered before the key check),
+    # then check the key, then the body size.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
+    if settings.cors_origins:
+        app.add_middleware(CorsMiddleware, origins=settings.cors_origins)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
 
     app.openapi = lambda: _openapi(app, bool(settings.api_keys))  # type: ignore[method-assign]
@@ -81,11 +88,7 @@ def _error(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}},
-        status_code=status,
-        headers=headers,
-    )
+    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
 
 
 async def _api_error(request: Request, e: Exception) -> JSONResponse:
@@ -93,15 +96,20 @@ async def _api_error(request: Request, e: Exception) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+_ROLE_TAGS = {"system", "developer", "user", "assistant", "tool"}
 _UNION_LABELS = {"str", "int", "float", "bool", "list", "dict", "none", "tagged-union", "literal"}
 
 
 def _param(loc: tuple[Any, ...]) -> str:
     """('body', 'messages', 0, 'role') -> 'messages[0].role' (pydantic's union labels dropped)."""
     out = ""
+    prev: Any = None
     for part in loc:
+        prev, was = part, prev
         if isinstance(part, int):
             out += f"[{part}]"
+        elif isinstance(was, int) and part in _ROLE_TAGS:
+            continue  # the discriminator of a message's union (messages[0].tool.tool_call_id)
         elif part == "body" and not out:
             continue
         elif isinstance(part, str) and (
@@ -131,6 +139,8 @@ async def _validation_error(request: Request, e: Exception) -> JSONResponse:
             code="invalid_json",
         )
     param = _param(tuple(first.get("loc", ())))
+    if first.get("type") in ("union_tag_invalid", "union_tag_not_found"):  # a message's role
+        param += "." + str(first.get("ctx", {}).get("discriminator", "role")).strip("'")
     if not param and first.get("type") in ("missing", "model_attributes_type", "dict_type"):
         return _error(400, "the request body must be a JSON object", code="invalid_request")
     more = f" (and {len(errs) - 1} more problems)" if len(errs) > 1 else ""
@@ -149,29 +159,17 @@ async def _http_error(request: Request, e: Exception) -> JSONResponse:
 
 
 async def _unexpected(request: Request, e: Exception) -> JSONResponse:
-    log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return _error(
-        500, f"internal error: {type(e).__name__}", type_="server_error", code="internal_error"
-    )
+    """Engine and chat-layer exceptions get their status (errors.from_exception); others are 500s."""
+    err = from_exception(e)
+    if err.status >= 500:
+        log.error("error on %s %s: %s", request.method, request.url.path, err.message)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 # ---- middlewares --------------------------------------------------------------------------------
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
-    raw = json.dumps(body).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(raw)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": raw})
+_CLOSE = [(b"connection", b"close")]
 
 
 class BodyLimitMiddleware:
@@ -180,15 +178,10 @@ class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
 
-    def _too_large(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": f"request body larger than {self.limit} bytes (--max-body-size)",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "body_too_large",
-            }
-        }
+    def _too_large(self) -> ApiError:
+        return ApiError(
+            413, f"request body larger than {self.limit} bytes (--max-body-size)", code="body_too_large"
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -197,21 +190,10 @@ class BodyLimitMiddleware:
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None:
             if not length.strip().isdigit():
-                await _send_json(
-                    send,
-                    400,
-                    {
-                        "error": {
-                            "message": "invalid Content-Length",
-                            "type": "invalid_request_error",
-                            "param": None,
-                            "code": "invalid_request",
-                        }
-                    },
-                )
+                await send_error(send, ApiError(400, "invalid Content-Length", code="invalid_request"), _CLOSE)
                 return
             if int(length) > self.limit:
-                await _send_json(send, 413, self._too_large())
+                await send_error(send, self._too_large(), _CLOSE)
                 return
             await self.app(scope, receive, send)
             return
@@ -223,7 +205,7 @@ class BodyLimitMiddleware:
                 return
             body += msg.get("body", b"")
             if len(body) > self.limit:
-                await _send_json(send, 413, self._too_large())
+                await send_error(send, self._too_large(), _CLOSE)
                 return
             if not msg.get("more_body", False):
                 break

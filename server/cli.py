@@ -2,13 +2,15 @@
 
 Exit status: 0 after a clean shutdown (SIGTERM drains: in-flight and queued requests finish, new
 ones get 503); 2 for a bad configuration value (before the model loads); 1 when the model cannot be
-loaded or the port cannot be bound.
+loaded or an address cannot be listened on (the message names the address, port and reason; the
+sockets are bound before the model loads, so this fails fast).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from types import FrameType
@@ -64,6 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .auth import warn_if_exposed
     from .metrics import Metrics
 
+    try:
+        sockets = bind_sockets(settings.hosts, settings.port)
+    except BindError as e:
+        print(f"llama-vq-server: error: {e}", file=sys.stderr)
+        return 1
     warn_if_exposed(settings.host, settings.loopback, bool(settings.api_keys))
     metrics = Metrics()
     server: _DrainingServer | None = None
@@ -92,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.host,
         settings.port,
     )
-    server.run()
+    server.run(sockets=sockets)
     if engine.load_error is not None:
         e = engine.load_error
         print(f"llama-vq-server: error: {e}", file=sys.stderr)
@@ -101,6 +108,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     log.info("shut down cleanly")
     return 0
+
+
+class BindError(OSError):
+    """An address that cannot be listened on; the message says which and why."""
+
+
+def bind_sockets(hosts: Sequence[str], port: int) -> list[socket.socket]:
+    """A listening TCP socket per host (first address it resolves to), or BindError.
+
+    With several hosts an IPv6 socket is IPv6-only, so that '::' and '0.0.0.0' can be listed together.
+    """
+    out: list[socket.socket] = []
+    try:
+        for host in hosts:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            except socket.gaierror as e:
+                raise BindError(f"cannot listen on {host!r} port {port}: cannot resolve it ({e.strerror})") from None
+            family, kind, proto, _, addr = infos[0]
+            sock = socket.socket(family, kind, proto)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and len(hosts) > 1:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+                sock.listen(2048)
+            except OSError as e:
+                raise BindError(f"cannot listen on {host} port {port}: {e.strerror or e}") from None
+            sock.set_inheritable(True)
+    except BindError:
+        for sock in out:
+            sock.close()
+        raise
+    return out
 
 
 class _DrainingServer(uvicorn.Server):

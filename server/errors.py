@@ -1,8 +1,26 @@
-"""ApiError: every failure a client sees, with OpenAI's error body and the HTTP status."""
+"""ApiError and the OpenAI error body: every failure a client sees is built here, nowhere else.
+
+``error_body`` is the one constructor of ``{"error": {"message", "type", "param", "code"}}``;
+``from_exception`` is the one place where exceptions of the engine and the chat layer become
+ApiErrors (HTTP status, type, code).
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+log = logging.getLogger("llama_vq.server.errors")
+
+
+def error_body(
+    message: str,
+    type: str = "invalid_request_error",  # noqa: A002 (OpenAI's field name)
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """OpenAI's error body (the only place it is built)."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 class ApiError(Exception):
@@ -27,14 +45,7 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return error_body(self.message, self.type, self.param, self.code)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -76,5 +87,61 @@ def unavailable(message: str, retry_after_s: int | None = None) -> ApiError:
     return ApiError(503, message, type="server_error", code="unavailable", headers=headers)
 
 
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
 def internal(message: str) -> ApiError:
     return ApiError(500, message, type="server_error", code="internal_error")
+
+
+# ---- engine and chat-layer exceptions -> ApiError (the one mapping) ----------------------------
+
+# Exception class name -> (status, code). Matched by name along the MRO so that this module does not
+# import the engine or the chat layer (both import llama_cpp); their modules define the classes.
+_BY_CLASS: dict[str, tuple[int, str]] = {
+    "ChatRequestError": (400, "invalid_request"),
+    "ChatTemplateError": (400, "invalid_request"),
+    "InvalidRequest": (400, "invalid_request"),
+    "InvalidGrammar": (400, "invalid_grammar"),
+    "PromptTooLong": (400, "context_length_exceeded"),
+    "QueueFull": (429, "queue_full"),
+    "Draining": (503, "unavailable"),
+    "NotReady": (503, "unavailable"),
+    "EngineFailure": (500, "internal_error"),
+}
+
+
+def from_exception(e: BaseException, param: str | None = None) -> ApiError:
+    """The ApiError for any exception raised while serving a request.
+
+    Engine and chat exceptions carry ``param`` (the request field at fault) and, for queue and
+    loading errors, ``retry_after_s``; their message is shown as it is. ``param`` names the field for
+    an exception that names none (the message then starts with it). Anything else is a 500 whose
+    message names the exception type (the traceback goes to the log).
+    """
+    if isinstance(e, ApiError):
+        return e
+    for cls in type(e).__mro__:
+        hit = _BY_CLASS.get(cls.__name__)
+        if hit is None:
+            continue
+        status, code = hit
+        message = str(e)
+        if getattr(e, "param", None):
+            param = e.param
+        elif param is not None:
+            message = f"{param}: {message}"
+        retry = getattr(e, "retry_after_s", None)
+        if code == "context_length_exceeded" and hasattr(e, "n_prompt") and hasattr(e, "n_ctx"):
+            return context_exceeded(int(e.n_prompt), int(e.n_ctx))
+        if status == 429:
+            return overloaded(int(retry or 1), int(getattr(e, "waiting", 0) or 0))
+        if status == 503:
+            return unavailable(str(e), retry_after_s=retry)
+        if status == 500:
+            log.error("engine failure: %s", e)
+            return internal(str(e))
+        return ApiError(status, message, param=param, code=code)
+    log.error("unexpected error: %s: %s", type(e).__name__, e, exc_info=e)
+    return internal(f"internal error: {type(e).__name__}")

@@ -12,8 +12,13 @@ File layout (little endian)::
     MAGIC (16 bytes) | u32 header length | header JSON | n_tokens x int32 | payload
 
 The header holds the identity (model fingerprint, cache types, flash attention, llama.cpp build and
-patches), token count, payload length and sha256 of tokens and payload. A file whose magic, header,
-identity, length or checksums do not match is skipped with a warning and never loaded.
+patches), token count, payload length and sha256 of tokens and payload, and ``meta`` (format 2: how the
+engine splits the payload: the sequence state, its oldest cached position, and the SWA checkpoints
+that follow it). A file whose magic, header, identity, length or checksums do not match is skipped
+with a warning and never loaded.
+
+Writes go to ``.<name>.<pid>.tmp`` and are renamed into place, so a file is complete or absent; the
+temporary files of a process that died mid-write (SIGKILL) are deleted when the store opens.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +40,7 @@ import numpy as np
 log = logging.getLogger("llama_vq.server.kv_store")
 
 MAGIC = b"LLAMA-VQ-KVSTATE"
-FORMAT = 1
+FORMAT = 2
 SUFFIX = ".kvstate"
 _HEADER_MAX = 1 << 20
 
@@ -50,6 +55,7 @@ class Entry:
     tokens: np.ndarray  # int32
     size: int
     last_used: float
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 def fingerprint_model(path: Path, extra: str = "") -> str:
@@ -104,7 +110,10 @@ def _canonical(identity: dict[str, Any]) -> str:
 
 
 def encode(
-    identity: dict[str, Any], tokens: np.ndarray, payload: bytes | memoryview
+    identity: dict[str, Any],
+    tokens: np.ndarray,
+    payload: bytes | memoryview,
+    meta: dict[str, Any] | None = None,
 ) -> tuple[bytes, bytes | memoryview]:
     """(prefix, payload): the file is prefix + payload (kept apart to avoid copying the payload)."""
     tok = np.asarray(tokens, dtype="<i4").tobytes()
@@ -116,6 +125,7 @@ def encode(
         "tokens_sha256": hashlib.sha256(tok).hexdigest(),
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "created": time.time(),
+        "meta": meta or {},
     }
     hb = json.dumps(header, sort_keys=True).encode()
     return MAGIC + len(hb).to_bytes(4, "little") + hb + tok, payload
@@ -160,6 +170,16 @@ def read_header(path: Path, identity: dict[str, Any]) -> tuple[dict[str, Any], n
     return header, np.frombuffer(tok, dtype="<i4").astype(np.int32), offset
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class KVStore:
     """An index of state files in one directory, for one identity; writes happen on a thread.
 
@@ -180,9 +200,7 @@ class KVStore:
         self._on_event = on_event or (lambda kind, n: None)
         self._lock = threading.Lock()
         self._entries: dict[Path, Entry] = {}
-        self._writes: queue.Queue[tuple[Path, np.ndarray, bytes | memoryview, bool] | None] = (
-            queue.Queue()
-        )
+        self._writes: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._writer = threading.Thread(
             target=self._write_loop, name="kv-state-writer", daemon=True
         )
@@ -191,11 +209,27 @@ class KVStore:
 
     # ---- index --------------------------------------------------------------------------------
 
+    def _remove_stale_tmp(self) -> None:
+        """Delete temporary files of writers that no longer run (a SIGKILL mid-write)."""
+        for tmp in self.dir.glob("." + "*" + SUFFIX + ".*.tmp"):
+            try:
+                pid = int(tmp.name.rsplit(".", 2)[-2])
+            except ValueError:
+                continue
+            if pid != os.getpid() and _alive(pid):
+                continue  # another live server's write in progress
+            try:
+                tmp.unlink()
+                log.info("removed %s, left by an interrupted write", tmp.name)
+            except OSError as e:
+                log.warning("could not remove stale %s: %s", tmp.name, e)
+
     def _scan(self) -> None:
+        self._remove_stale_tmp()
         foreign = 0
         for path in sorted(self.dir.glob("*" + SUFFIX)):
             try:
-                _, tokens, _ = read_header(path, self.identity)
+                header, tokens, _ = read_header(path, self.identity)
             except StateFileError as e:
                 if "another model" in str(e):
                     foreign += 1
@@ -204,7 +238,9 @@ class KVStore:
                 self._on_event("reject", 1)
                 continue
             st = path.stat()
-            self._entries[path] = Entry(path, tokens, st.st_size, st.st_mtime)
+            meta = header.get("meta")
+            meta = meta if isinstance(meta, dict) else {}
+            self._entries[path] = Entry(path, tokens, st.st_size, st.st_mtime, meta)
         if foreign:
             log.info(
                 "%d KV state files in %s belong to another model or configuration: left alone",
@@ -235,12 +271,18 @@ class KVStore:
             return [(len(e.tokens), e.size) for e in self._entries.values()]
 
     def lookup(
-        self, tokens: Sequence[int] | np.ndarray, *, better_than: int, prefix_only: bool
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        *,
+        better_than: int,
+        prefix_only: bool = False,
+        usable: Callable[[Entry, int], int] | None = None,
     ) -> tuple[Entry, int] | None:
-        """The entry sharing the longest prefix with ``tokens`` (longer than ``better_than``).
+        """The entry serving the longest prefix of ``tokens`` (longer than ``better_than``).
 
-        prefix_only: the whole stored sequence must be a prefix of ``tokens`` (for models whose
-        cache cannot be truncated back, such as sliding-window attention).
+        prefix_only: the whole stored sequence must be a prefix of ``tokens``. usable(entry, n_common)
+        -> how many of the shared tokens the entry can really give (sliding-window models: the window
+        before the cut, or a checkpoint); the result's count is then that number.
         """
         want = np.asarray(tokens, dtype=np.int32)
         best: tuple[Entry, int] | None = None
@@ -250,6 +292,8 @@ class KVStore:
             n = common_prefix(e.tokens, want)
             if prefix_only and n != len(e.tokens):
                 continue
+            if usable is not None:
+                n = usable(e, n)
             if n > better_than and (best is None or n > best[1]):
                 best = (e, n)
         return best
@@ -295,7 +339,12 @@ class KVStore:
     # ---- writes -------------------------------------------------------------------------------
 
     def save(
-        self, tokens: Sequence[int] | np.ndarray, payload: bytes | memoryview, *, supersede: bool
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        payload: bytes | memoryview,
+        *,
+        supersede: bool,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         """Queue a state for writing (returns at once); same tokens replace the older file.
 
@@ -304,7 +353,7 @@ class KVStore:
         """
         toks = np.array(tokens, dtype=np.int32)
         path = self.dir / _file_name(self.identity_hash, toks)
-        self._writes.put((path, toks, payload, supersede))
+        self._writes.put((path, toks, payload, supersede, meta or {}))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until queued writes are on disk (at most ``timeout`` seconds)."""
@@ -314,9 +363,16 @@ class KVStore:
                 return
             time.sleep(0.01)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 2.0) -> bool:
+        """Stop the writer after the queued writes, waiting at most ``timeout`` seconds.
+
+        True when everything queued is on disk. Past the deadline the writer (a daemon thread) is
+        abandoned: a write it was doing stays in its temporary file, never under the final name,
+        and the next start deletes it.
+        """
         self._writes.put(None)
-        self._writer.join(timeout=30)
+        self._writer.join(timeout=timeout)
+        return not self._writer.is_alive()
 
     def _write_loop(self) -> None:
         while True:
@@ -331,9 +387,14 @@ class KVStore:
                 self._writes.task_done()
 
     def _write(
-        self, path: Path, tokens: np.ndarray, payload: bytes | memoryview, supersede: bool
+        self,
+        path: Path,
+        tokens: np.ndarray,
+        payload: bytes | memoryview,
+        supersede: bool,
+        meta: dict[str, Any],
     ) -> None:
-        prefix, payload = encode(self.identity, tokens, payload)
+        prefix, payload = encode(self.identity, tokens, payload, meta)
         size = len(prefix) + len(payload)
         if size > self.budget:
             log.warning(
@@ -355,7 +416,7 @@ class KVStore:
             return
         now = time.time()
         with self._lock:
-            self._entries[path] = Entry(path, tokens, size, now)
+            self._entries[path] = Entry(path, tokens, size, now, meta)
         self._on_event("save", 1)
         log.info("saved KV state: %d tokens, %d bytes -> %s", len(tokens), size, path.name)
         if supersede:

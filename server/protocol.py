@@ -2,14 +2,16 @@
 
 Requests ignore fields they do not know (OpenAI clients send many); fields we know but cannot honour
 are refused with 400 naming the field (see serving.py). Ranges follow OpenAI's documentation; the
-sampling extensions (top_k, min_p, repeat_penalty) follow llama.cpp's server.
+sampling extensions (top_k, min_p, repeat_penalty, grammar, json_schema ...) follow llama.cpp's
+server. Every optional field accepts null, meaning "not given" (its default applies), as OpenAI's API
+does; llama-server's native requests (/completion, /tokenize ...) are at the end.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -18,6 +20,15 @@ class _Request(BaseModel):
     # strict: JSON types as the schema states them. Lax mode would turn `"n": true` into 1 and `"5"` into 5,
     # accepting what the OpenAPI document says is invalid (found by tests/test_server_schema.py's negative fuzzing)
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        """``"temperature": null`` means "not given": drop it so the default applies. The fields'
+        types admit null in the schema (``X | None``) so that the OpenAPI document says so too."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 class _Response(BaseModel):
@@ -44,7 +55,7 @@ Stop = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
 class StreamOptions(_Request):
-    include_usage: bool = False
+    include_usage: bool | None = False
 
 
 class _Sampling(_Request):
@@ -56,20 +67,33 @@ class _Sampling(_Request):
     max_tokens: int | None = Field(
         None, ge=1, le=INT64_MAX, description="Absent: until the end of the context."
     )
-    temperature: float = Field(0.8, ge=0.0, le=2.0, description="0 = greedy.")
-    top_p: float = Field(0.95, ge=0.0, le=1.0)
-    top_k: int = Field(40, ge=0, le=1_000_000, description="llama.cpp extension; 0 = off.")
-    min_p: float = Field(0.05, ge=0.0, le=1.0, description="llama.cpp extension.")
-    repeat_penalty: float = Field(1.0, ge=0.0, le=10.0, description="llama.cpp extension; 1 = off.")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    temperature: float | None = Field(0.8, ge=0.0, le=2.0, description="0 = greedy.")
+    top_p: float | None = Field(0.95, ge=0.0, le=1.0)
+    top_k: int | None = Field(40, ge=0, le=1_000_000, description="llama.cpp extension; 0 = off.")
+    min_p: float | None = Field(0.05, ge=0.0, le=1.0, description="llama.cpp extension.")
+    repeat_penalty: float | None = Field(1.0, ge=0.0, le=10.0, description="llama.cpp extension; 1 = off.")
+    presence_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: Stop | list[Stop] | None = Field(None, description="Up to 16 stop strings.")
-    n: int = Field(1, ge=1, le=1, description="Only 1 is supported.")
-    stream: bool = False
+    n: int | None = Field(1, ge=1, le=1, description="Only 1 is supported.")
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = Field(None, description="Not supported (must be empty).")
     user: str | None = None
+    typical_p: float | None = Field(1.0, ge=0.0, le=1.0, description="llama.cpp extension; 1 = off.")
+    repeat_last_n: int | None = Field(
+        64, ge=-1, le=1_000_000, description="llama.cpp extension; -1 = the context size."
+    )
+    grammar: str | None = Field(
+        None, max_length=1 << 20, description="llama.cpp extension: a GBNF grammar for the output."
+    )
+    json_schema: dict[str, Any] | None = Field(
+        None, description="llama.cpp extension: a JSON schema the output must satisfy."
+    )
+    cache_prompt: bool | None = Field(
+        True, description="llama.cpp extension: reuse the KV cache of a shared prompt prefix."
+    )
 
 
 # ---- chat ----------------------------------------------------------------------------------------
@@ -90,21 +114,44 @@ ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 class FunctionCall(_Request):
     name: str
-    arguments: str
+    arguments: str = Field(description="The arguments as a JSON text, as the model wrote them.")
 
 
 class ToolCall(_Request):
-    id: str
-    type: Literal["function"] = "function"
+    id: str | None = None
+    type: Literal["function"] | None = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+class _Message(_Request):
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+
+
+class SystemMessage(_Message):
+    role: Literal["system", "developer"] = Field(description="'developer' is treated as 'system'.")
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    tool_calls: list[ToolCall] | None = Field(None, description="The calls this message made.")
+    reasoning_content: str | None = Field(
+        None, description="The model's thinking (templates that keep it in the history render it)."
+    )
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    tool_call_id: str = Field(min_length=1, description="The id of the call this result answers.")
+
+
+ChatMessage = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
 
 
 class FunctionDef(_Request):
@@ -168,6 +215,14 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = Field(None, description="Not supported (must be false).")
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description='llama.cpp extension: extra template variables, e.g. {"enable_thinking": true} '
+        "(over the server's --chat-template-kwargs).",
+    )
+    reasoning_format: Literal["none", "deepseek", "deepseek-legacy", "auto"] | None = Field(
+        None, description="llama.cpp extension: where thinking goes (default: --reasoning-format)."
+    )
 
 
 # ---- text completions ----------------------------------------------------------------------------
@@ -178,7 +233,7 @@ class CompletionRequest(_Sampling):
         description="A string, or a list of token ids. A list of several strings is not supported."
     )
     max_tokens: int | None = Field(16, ge=1, le=INT64_MAX)
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = Field(None, description="Not supported (must be absent).")
     best_of: int | None = Field(None, ge=1, le=1)
     logprobs: int | None = Field(None, ge=0, le=5, description="Not supported (must be absent).")
@@ -214,6 +269,7 @@ class ResponseToolCall(_Response):
 class ResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
     tool_calls: list[ResponseToolCall] | None = None
 
 
@@ -227,6 +283,20 @@ class ChatChoice(_Response):
     logprobs: None = None
 
 
+class Timings(_Response):
+    """llama-server's per-request timings (milliseconds; per_second = tokens per second)."""
+
+    cache_n: int = 0
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    prompt_per_token_ms: float = 0.0
+    prompt_per_second: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    predicted_per_token_ms: float = 0.0
+    predicted_per_second: float = 0.0
+
+
 class ChatCompletionResponse(_Response):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
@@ -235,6 +305,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    timings: Timings | None = None
 
 
 class DeltaFunctionCall(_Response):
@@ -252,6 +323,7 @@ class DeltaToolCall(_Response):
 class Delta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 
@@ -270,6 +342,7 @@ class ChatCompletionChunk(_Response):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    timings: Timings | None = None
 
 
 class CompletionChoice(_Response):
@@ -287,6 +360,7 @@ class CompletionResponse(_Response):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    timings: Timings | None = None
 
 
 class ModelCard(_Response):
@@ -317,3 +391,113 @@ class Health(_Response):
     kv_cache_bytes: KVBytes | None = None
     queue_depth: int = 0
     error: str | None = None
+
+
+# ---- llama-server's native API (/completion, /tokenize, /detokenize, /apply-template, /props) --------
+
+
+class NativeCompletionRequest(_Request):
+    """llama-server's POST /completion: a raw prompt (text, token ids, or both mixed)."""
+
+    prompt: str | list[int | str] = Field(description="Text, token ids, or a mix of both.")
+    n_predict: int | None = Field(
+        -1, ge=-1, le=INT64_MAX, description="Tokens to generate; -1 = until a stop (or the context end)."
+    )
+    temperature: float | None = Field(0.8, ge=0.0, le=2.0)
+    top_k: int | None = Field(40, ge=0, le=1_000_000)
+    top_p: float | None = Field(0.95, ge=0.0, le=1.0)
+    min_p: float | None = Field(0.05, ge=0.0, le=1.0)
+    typical_p: float | None = Field(1.0, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(1.0, ge=0.0, le=10.0)
+    repeat_last_n: int | None = Field(64, ge=-1, le=1_000_000)
+    presence_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="-1 or absent: random.")
+    stop: list[Stop] | None = Field(None, description="Up to 16 stop strings.")
+    stream: bool | None = False
+    grammar: str | None = Field(None, max_length=1 << 20)
+    json_schema: dict[str, Any] | None = None
+    cache_prompt: bool | None = True
+    ignore_eos: bool | None = False
+    n_probs: int | None = Field(0, ge=0, le=0, description="Not supported (must be 0).")
+    return_tokens: bool | None = Field(False, description="Also return the generated token ids.")
+
+
+class NativeCompletionResponse(_Response):
+    index: int = 0
+    content: str
+    tokens: list[int] = Field(default_factory=list)
+    id_slot: int = 0
+    stop: bool
+    model: str | None = None
+    tokens_predicted: int = 0
+    tokens_evaluated: int = 0
+    generation_settings: dict[str, Any] | None = None
+    prompt: str | None = None
+    has_new_line: bool | None = None
+    truncated: bool | None = None
+    stop_type: Literal["none", "eos", "limit", "word"] | None = None
+    stopping_word: str | None = None
+    tokens_cached: int | None = None
+    timings: Timings | None = None
+
+
+class TokenizeRequest(_Request):
+    content: str | list[int | str] = ""
+    add_special: bool | None = False
+    parse_special: bool | None = True
+    with_pieces: bool | None = False
+
+
+class TokenPiece(_Response):
+    id: int
+    piece: str | list[int] = Field(description="The token's text, or its bytes when not UTF-8.")
+
+
+class TokenizeResponse(_Response):
+    tokens: list[int] | list[TokenPiece]
+
+
+class DetokenizeRequest(_Request):
+    tokens: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=list)
+
+
+class DetokenizeResponse(_Response):
+    content: str
+
+
+class ApplyTemplateResponse(_Response):
+    prompt: str
+
+
+class GenerationSettings(_Response):
+    n_ctx: int
+    params: dict[str, Any]
+
+
+class Modalities(_Response):
+    vision: bool = False
+    audio: bool = False
+
+
+class Props(_Response):
+    """llama-server's GET /props, plus llama-vq's cache and build facts."""
+
+    default_generation_settings: GenerationSettings
+    total_slots: int
+    model_alias: str
+    model_path: str
+    modalities: Modalities = Modalities()
+    chat_template: str
+    chat_template_tool_use: str | None = None
+    chat_template_caps: dict[str, Any] = Field(default_factory=dict)
+    bos_token: str = ""
+    eos_token: str = ""
+    build_info: str
+    is_sleeping: bool = False
+    cache_type_k: str
+    cache_type_v: str
+    flash_attn: bool
+    jinja: bool
+    reasoning_format: str
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)

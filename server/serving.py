@@ -1,34 +1,24 @@
-"""Turns OpenAI requests into engine Work and engine events into OpenAI responses (no model access).
+"""Turns HTTP requests into engine requests (no model access): chats through the chat layer
+(llama.cpp's common/chat: prompt, lazy grammar, stops, output parser), text completions, llama-server's
+native /completion, and its utility endpoints (/tokenize, /detokenize, /apply-template, /props).
 
-Streaming is Server-Sent Events: one ``data: {json}`` per chunk, ``data: [DONE]`` at the end. The
-first event of a stream is awaited before the HTTP status is sent, so errors found while building
-the prompt (too long, bad template input, bad grammar) are real 4xx answers, not a broken stream.
+Running a plan and shaping its answer (JSON or Server-Sent Events) is streaming.py's job. Errors are
+raised as ApiError, or as engine / chat-layer exceptions that errors.from_exception maps in one place.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-from collections.abc import AsyncIterator, Callable
+import threading
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-
 from . import errors, protocol
-from .engine import Engine, Job, JobStats, Work
+from .chat_layer import ChatLayer, ChatPlan
+from .engine.request import GenerationRequest, Grammar, Sampling
+from .settings import Settings
 
-log = logging.getLogger("llama_vq.server.serving")
-
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _MAX_STOPS = 16
-
-
-def _json_gbnf() -> str:
-    from llama_cpp.llama_grammar import JSON_GBNF  # noqa: PLC0415
-
-    return JSON_GBNF
 
 
 def _schema_gbnf(schema: dict[str, Any], param: str) -> str:
@@ -39,16 +29,35 @@ def _schema_gbnf(schema: dict[str, Any], param: str) -> str:
         return json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # noqa: BLE001 (the converter raises many kinds on odd schemas)
         raise errors.bad_request(
-            f"{param}: cannot turn this JSON schema into a grammar: {type(e).__name__}: {e}",
-            param=param,
+            f"{param}: cannot turn this JSON schema into a grammar: {type(e).__name__}: {e}", param=param
         ) from None
 
 
-class Serving:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+@dataclass
+class Plan:
+    """An engine request plus what its answer needs."""
 
-    # ---- request -> Work ----------------------------------------------------------------------
+    request: GenerationRequest
+    model: str
+    kind: str  # "chat" | "completion" | "native"
+    stream: bool
+    include_usage: bool = False
+    echo: str = ""  # text completions with echo: the prompt text, sent first
+    chat: ChatPlan | None = None  # chats: the parser of the output
+    prompt_text: str | None = None  # native /completion: echoed as "prompt"
+    grammar_param: str = "grammar"  # the field a grammar the engine refuses came from
+    single_tool_call: bool = False  # parallel_tool_calls false: the answer ends with its first call
+
+
+class Serving:
+    def __init__(self, engine: Any, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.keepalive_s = min(settings.sse_keepalive or 5.0, 10.0)
+        self._chat: ChatLayer | None = None
+        self._chat_lock = threading.Lock()
+
+    # ---- shared pieces ------------------------------------------------------------------------
 
     def model_name(self, requested: str | None) -> str:
         names = self.engine.names
@@ -57,37 +66,75 @@ class Serving:
         if requested not in names:
             raise errors.ApiError(
                 404,
-                f"the model {requested!r} does not exist; this server serves "
-                f"{', '.join(repr(n) for n in names)}",
+                f"the model {requested!r} does not exist; this server serves {', '.join(repr(n) for n in names)}",
                 param="model",
                 code="model_not_found",
             )
         return requested
 
+    def chat_layer(self) -> ChatLayer:
+        """The model's templates (or --chat-template / --chat-template-file), built once the model is loaded."""
+        if self._chat is None:
+            self._ready()
+            with self._chat_lock:
+                if self._chat is None:
+                    s = self.settings
+                    self._chat = ChatLayer.for_model(
+                        self.engine.llama,
+                        chat_template=s.chat_template,
+                        chat_template_file=s.chat_template_file,
+                        chat_template_kwargs=s.chat_template_kwargs,
+                        reasoning_format=s.reasoning_format,
+                    )
+        return self._chat
+
+    def _ready(self) -> Any:
+        info = self.engine.info
+        if info is None or self.engine.status == "loading":
+            raise errors.unavailable("the model is still loading; retry shortly", retry_after_s=5)
+        return info
+
     @staticmethod
-    def _sampling(req: protocol._Sampling) -> dict[str, Any]:
-        if req.logit_bias:
+    def _sampling(req: Any) -> tuple[Sampling, tuple[str, ...]]:
+        if getattr(req, "logit_bias", None):
             raise errors.not_supported("logit_bias", "a non-empty logit_bias")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > _MAX_STOPS:
-            raise errors.bad_request(
-                f"stop: at most {_MAX_STOPS} stop strings, got {len(stop)}", param="stop"
-            )
-        return {
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "top_k": req.top_k,
-            "min_p": req.min_p,
-            "repeat_penalty": req.repeat_penalty,
-            "presence_penalty": req.presence_penalty,
-            "frequency_penalty": req.frequency_penalty,
-            "seed": None if req.seed is None else req.seed % (2**32),
-            "stop": stop,
-        }
+            raise errors.bad_request(f"stop: at most {_MAX_STOPS} stop strings, got {len(stop)}", param="stop")
+        sampling = Sampling(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            typical_p=req.typical_p,
+            repeat_penalty=req.repeat_penalty,
+            repeat_last_n=req.repeat_last_n,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            seed=None if req.seed is None or req.seed == -1 else req.seed % (2**32),
+        )
+        return sampling, tuple(stop)
 
     @staticmethod
-    def _message(m: protocol.ChatMessage, i: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": m.role}
+    def _grammar(req: Any) -> tuple[Grammar | None, str]:
+        """A text completion's grammar: llama-server's ``grammar`` (GBNF) or ``json_schema``."""
+        if req.grammar is not None and req.json_schema is not None:
+            raise errors.bad_request("grammar and json_schema: give one of them, not both", param="grammar")
+        if req.grammar is not None:
+            return Grammar(req.grammar), "grammar"
+        if req.json_schema is not None:
+            return Grammar(_schema_gbnf(req.json_schema, "json_schema")), "json_schema"
+        return None, "grammar"
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        return self.engine.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    # ---- chat ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _message(m: Any, i: int) -> dict[str, Any]:
+        _check_tool_fields(m, i)
+        out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
         if isinstance(m.content, list):
             texts = []
             for part in m.content:
@@ -98,104 +145,62 @@ class Serving:
         elif m.content is not None:
             out["content"] = m.content
         else:
-            # Chat templates concatenate content as a string; only an assistant message that calls
-            # tools may really have none.
-            out["content"] = None if m.role == "assistant" and m.tool_calls else ""
+            # Templates concatenate content as a string; only an assistant message that calls tools has none.
+            out["content"] = None if getattr(m, "tool_calls", None) else ""
         if m.name is not None:
             out["name"] = m.name
-        if m.tool_calls:
-            out["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
-        if m.tool_call_id is not None:
+        calls = getattr(m, "tool_calls", None)
+        if calls:
+            out["tool_calls"] = [
+                {"id": tc.id or f"call_{i}_{j}", "type": "function",
+                 "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+                for j, tc in enumerate(calls)
+            ]
+        if isinstance(m, protocol.ToolMessage):
             out["tool_call_id"] = m.tool_call_id
+        if getattr(m, "reasoning_content", None) is not None:
+            out["reasoning_content"] = m.reasoning_content
         return out
 
-    def chat_work(self, req: protocol.ChatCompletionRequest) -> tuple[Work, str]:
+    def chat_body(self, req: protocol.ChatCompletionRequest) -> dict[str, Any]:
+        """The request as the chat layer takes it: plain dicts, no nulls, developer as system."""
+        body = req.model_dump(exclude_none=True, by_alias=True)
+        body["messages"] = [self._message(m, i) for i, m in enumerate(req.messages)]
+        return body
+
+    def chat_plan(self, req: protocol.ChatCompletionRequest) -> Plan:
         model = self.model_name(req.model)
         if req.logprobs:
             raise errors.not_supported("logprobs", "logprobs=true")
-        kw = self._sampling(req)
-        kw["messages"] = [self._message(m, i) for i, m in enumerate(req.messages)]
-        kw["max_tokens"] = req.max_completion_tokens or req.max_tokens
-        kw["model"] = model
-        work = Work(kind="chat", kwargs=kw, stream=req.stream)
+        sampling, stop = self._sampling(req)
+        body = self.chat_body(req)
+        body["stop"] = list(stop)
+        chat = self.chat_layer().plan(body)  # ChatRequestError -> 400 naming the field (errors.from_exception)
+        tokens = self._tokenize(chat.prompt, chat.add_special, chat.parse_special)
+        gen = GenerationRequest(
+            prompt=tuple(tokens),
+            sampling=sampling,
+            grammar=chat.grammar,
+            stop=chat.stop,
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            render_special=chat.render_special,
+            cache_prompt=bool(req.cache_prompt),
+        )
+        param = "response_format" if req.response_format is not None else "tools" if chat.has_tools else "grammar"
+        return Plan(gen, model, "chat", bool(req.stream), _include_usage(req), chat=chat, grammar_param=param,
+                    single_tool_call=chat.has_tools and req.parallel_tool_calls is False)
 
-        rf = req.response_format
-        if isinstance(rf, protocol.ResponseFormatJsonObject):
-            work.grammar = (
-                _schema_gbnf(rf.schema_, "response_format.schema") if rf.schema_ else _json_gbnf()
-            )
-        elif isinstance(rf, protocol.ResponseFormatJsonSchema):
-            schema = rf.json_schema.schema_
-            work.grammar = (
-                _schema_gbnf(schema, "response_format.json_schema.schema")
-                if schema
-                else _json_gbnf()
-            )
-            work.grammar_param = "response_format.json_schema.schema"
+    # ---- text completions ---------------------------------------------------------------------
 
-        if req.tools and req.tool_choice != "none":
-            info = self.engine.info
-            if info is not None and not info.supports_tools:
-                raise errors.bad_request(
-                    "tools: this model's chat template does not render tools (start the server "
-                    "with "
-                    "a --chat-format that does, e.g. chatml-function-calling)",
-                    param="tools",
-                )
-            tools = []
-            for t in req.tools:
-                d = t.model_dump(exclude_none=True)
-                d["function"].setdefault("parameters", {"type": "object", "properties": {}})
-                tools.append(d)
-            kw["tools"] = tools
-            choice = req.tool_choice
-            if choice == "required":
-                if len(tools) != 1:
-                    raise errors.bad_request(
-                        "tool_choice: 'required' is supported with exactly one tool; name the tool "
-                        "with {'type': 'function', 'function': {'name': ...}}",
-                        param="tool_choice",
-                    )
-                choice = protocol.NamedToolChoice(
-                    type="function", function={"name": tools[0]["function"]["name"]}
-                )
-            if isinstance(choice, protocol.NamedToolChoice):
-                names = [t["function"]["name"] for t in tools]
-                if choice.function.name not in names:
-                    raise errors.bad_request(
-                        f"tool_choice: names {choice.function.name!r}, which is not in tools "
-                        f"({', '.join(names)})",
-                        param="tool_choice",
-                    )
-                if work.grammar is not None:
-                    raise errors.bad_request(
-                        "response_format: cannot be combined with a forced tool_choice",
-                        param="response_format",
-                    )
-                kw["tool_choice"] = choice.model_dump()
-                # llama_cpp builds this grammar itself; check llama.cpp accepts it before running.
-                params = next(t for t in tools if t["function"]["name"] == choice.function.name)
-                try:
-                    from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: PLC0415
-
-                    work.check_grammars.append(
-                        ("tools", json_schema_to_gbnf(json.dumps(params["function"]["parameters"])))
-                    )
-                except Exception:  # noqa: BLE001 (llama_cpp falls back to plain JSON then)
-                    pass
-            else:
-                kw["tool_choice"] = "auto"
-        return work, model
-
-    def completion_work(self, req: protocol.CompletionRequest) -> tuple[Work, str]:
+    def completion_plan(self, req: protocol.CompletionRequest) -> Plan:
         model = self.model_name(req.model)
         if req.suffix is not None:
             raise errors.not_supported("suffix", "suffix (fill-in-the-middle)")
         if req.logprobs is not None:
             raise errors.not_supported("logprobs", "logprobs")
-        kw = self._sampling(req)
+        sampling, stop = self._sampling(req)
+        grammar, param = self._grammar(req)
         prompt: Any = req.prompt
-        ids = None
         if isinstance(prompt, list):
             if not prompt:
                 raise errors.bad_request("prompt: must not be empty", param="prompt")
@@ -203,246 +208,132 @@ class Serving:
                 if len(prompt) != 1:
                     raise errors.not_supported("prompt", "a batch of several prompts")
                 prompt = prompt[0]
-            else:
-                ids = [int(t) for t in prompt]
-                prompt = ids
         if isinstance(prompt, str) and not prompt:
             raise errors.bad_request("prompt: must not be empty", param="prompt")
-        kw.update(prompt=prompt, max_tokens=req.max_tokens, echo=req.echo, model=model)
-        return Work(kind="completion", kwargs=kw, stream=req.stream, prompt_ids=ids), model
+        echo = ""
+        if isinstance(prompt, str):
+            tokens, echo = self._tokenize(prompt, add_special=True), prompt
+        else:
+            tokens = [int(t) for t in prompt]
+            n_vocab = self.engine.info.n_vocab if self.engine.info else 0
+            if req.echo and all(0 <= t < n_vocab for t in tokens):
+                echo = self.engine.detokenize(tokens)
+        gen = GenerationRequest(
+            prompt=tuple(tokens), sampling=sampling, grammar=grammar, stop=stop, max_tokens=req.max_tokens,
+            cache_prompt=bool(req.cache_prompt),
+        )
+        return Plan(gen, model, "completion", bool(req.stream), _include_usage(req),
+                    echo=echo if req.echo else "", grammar_param=param)
 
-    # ---- running ------------------------------------------------------------------------------
+    def native_completion_plan(self, req: protocol.NativeCompletionRequest) -> Plan:
+        """llama-server's POST /completion: text, token ids, or a mix (strings tokenized here)."""
+        model = self.model_name(None)
+        if req.n_probs:
+            raise errors.not_supported("n_probs", "n_probs > 0")
+        sampling, stop = self._sampling(req)
+        grammar, param = self._grammar(req)
+        if isinstance(req.prompt, str):
+            tokens = self._tokenize(req.prompt, add_special=True) if req.prompt else []
+        else:
+            tokens = []
+            for p in req.prompt:
+                tokens += self._tokenize(p, add_special=False) if isinstance(p, str) else [p]
+        if not tokens:
+            raise errors.bad_request("prompt: must not be empty", param="prompt")
+        if req.n_predict == 0:
+            raise errors.bad_request("n_predict: 0 generates nothing; use -1 or a positive count", param="n_predict")
+        gen = GenerationRequest(
+            prompt=tuple(tokens), sampling=sampling, grammar=grammar, stop=stop,
+            max_tokens=None if req.n_predict is None or req.n_predict < 0 else req.n_predict,
+            ignore_eos=bool(req.ignore_eos), cache_prompt=bool(req.cache_prompt),
+        )
+        prompt_text = req.prompt if isinstance(req.prompt, str) else None
+        return Plan(gen, model, "native", bool(req.stream), prompt_text=prompt_text, grammar_param=param)
 
-    async def run(
-        self,
-        request: Request,
-        work: Work,
-        *,
-        shape_result: Callable[[dict[str, Any], JobStats], Any],
-        shape_chunk: Callable[[dict[str, Any]], Any],
-        usage_chunk: Callable[[dict[str, Any], JobStats], Any] | None,
-    ) -> Response:
-        job = self.engine.submit(work, asyncio.get_running_loop())
-        watcher = asyncio.create_task(_watch_disconnect(request, job))
-        handed_over = False
-        try:
-            kind, data = await job.events.get()
-            if kind == "error":
-                raise data
-            if work.stream:
-                handed_over = True
-                return StreamingResponse(
-                    self._sse(job, (kind, data), shape_chunk, usage_chunk),
-                    media_type="text/event-stream",
-                    headers=_SSE_HEADERS,
-                )
-            result = None
-            while kind != "end":
-                if kind == "error":
-                    raise data
-                if kind == "result":
-                    result = data
-                kind, data = await job.events.get()
-            if result is None:
-                raise errors.ApiError(499, "the request was cancelled", code="cancelled")
-            body = shape_result(result, data)
-            return JSONResponse(body.model_dump(exclude_none=True))
-        finally:
-            watcher.cancel()
-            if not handed_over:
-                job.cancel()
+    # ---- llama-server's utility endpoints -----------------------------------------------------
 
-    async def _sse(
-        self,
-        job: Job,
-        first: tuple[str, Any],
-        shape_chunk: Callable[[dict[str, Any]], Any],
-        usage_chunk: Callable[[dict[str, Any], JobStats], Any] | None,
-    ) -> AsyncIterator[str]:
-        last: dict[str, Any] = {}
-        try:
-            kind, data = first
-            while True:
-                if kind == "chunk":
-                    last = data
-                    yield f"data: {shape_chunk(data).model_dump_json(exclude_none=True)}\n\n"
-                elif kind == "error":
-                    yield f"data: {json.dumps(data.body())}\n\n"
-                elif kind == "end":
-                    if usage_chunk is not None and last and not data.cancelled:
-                        final = usage_chunk(last, data)
-                        yield f"data: {final.model_dump_json(exclude_none=True)}\n\n"
-                    break
-                kind, data = await job.events.get()
-            yield "data: [DONE]\n\n"
-        finally:
-            job.cancel()
+    def tokenize(self, req: protocol.TokenizeRequest) -> protocol.TokenizeResponse:
+        self._ready()
+        content = req.content if isinstance(req.content, list) else [req.content]
+        tokens: list[int] = []
+        for part in content:
+            if isinstance(part, str):
+                tokens += self._tokenize(part, bool(req.add_special), bool(req.parse_special))
+            else:
+                tokens.append(part)
+        if not req.with_pieces:
+            return protocol.TokenizeResponse(tokens=tokens)
+        pieces = []
+        for t in tokens:
+            raw = self.engine.token_piece(t)
+            try:
+                piece: str | list[int] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)
+            pieces.append(protocol.TokenPiece(id=t, piece=piece))
+        return protocol.TokenizeResponse(tokens=pieces)
 
-
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel ``job`` when the client goes away before the response starts."""
-    try:
-        while not job.finished:
-            if await request.is_disconnected():
-                job.cancel()
-                return
-            await asyncio.sleep(0.2)
-    except asyncio.CancelledError:
-        pass
-
-
-# ---- llama_cpp dicts -> protocol models ------------------------------------------------------
-
-
-def usage(stats: JobStats) -> protocol.Usage:
-    return protocol.Usage(
-        prompt_tokens=stats.prompt_tokens,
-        completion_tokens=stats.completion_tokens,
-        total_tokens=stats.prompt_tokens + stats.completion_tokens,
-        prompt_tokens_details=protocol.PromptTokensDetails(cached_tokens=stats.cached_tokens),
-    )
-
-
-def _finish(reason: Any) -> Any:
-    return (
-        reason
-        if reason in ("stop", "length", "tool_calls", "function_call", "content_filter")
-        else (None if reason is None else "stop")
-    )
-
-
-def chat_result(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.ChatCompletionResponse]:
-    def shape(r: dict[str, Any], stats: JobStats) -> protocol.ChatCompletionResponse:
-        choice = r["choices"][0]
-        msg = choice.get("message") or {}
-        calls = [
-            protocol.ResponseToolCall(
-                id=c.get("id") or f"call_{i}",
-                function=protocol.ResponseFunctionCall(
-                    name=c["function"]["name"], arguments=c["function"].get("arguments") or ""
-                ),
+    def detokenize(self, req: protocol.DetokenizeRequest) -> protocol.DetokenizeResponse:
+        info = self._ready()
+        bad = [t for t in req.tokens if t >= info.n_vocab]
+        if bad:
+            raise errors.bad_request(
+                f"tokens: token id {bad[0]} is outside this model's vocabulary [0, {info.n_vocab})", param="tokens"
             )
-            for i, c in enumerate(msg.get("tool_calls") or [])
-        ]
-        finish = "tool_calls" if calls else _finish(choice.get("finish_reason"))
-        return protocol.ChatCompletionResponse(
-            id=r["id"],
-            created=r["created"],
-            model=model,
-            choices=[
-                protocol.ChatChoice(
-                    index=0,
-                    finish_reason=finish,
-                    message=protocol.ResponseMessage(
-                        content=msg.get("content"), tool_calls=calls or None
-                    ),
-                )
-            ],
-            usage=usage(stats),
+        return protocol.DetokenizeResponse(content=self.engine.detokenize(req.tokens))
+
+    def apply_template(self, req: protocol.ChatCompletionRequest) -> str:
+        """The prompt a chat request renders to (POST /apply-template), as llama-server."""
+        return self.chat_layer().apply_template(self.chat_body(req))
+
+    def props(self) -> protocol.Props:
+        info, s = self._ready(), self.settings
+        facts = self.chat_layer().props()
+        import llama_vq  # noqa: PLC0415
+
+        bi = llama_vq.build_info()
+        d = Sampling()
+        params = {k: getattr(d, k) for k in ("temperature", "top_k", "top_p", "min_p", "typical_p",
+                                             "repeat_penalty", "repeat_last_n", "presence_penalty",
+                                             "frequency_penalty")}
+        params["n_predict"] = s.n_predict
+        llm = self.engine.llama
+
+        def text(tok: int) -> str:
+            return self.engine.detokenize([tok], render_special=True) if tok >= 0 else ""
+
+        return protocol.Props(
+            default_generation_settings=protocol.GenerationSettings(n_ctx=info.n_ctx, params=params),
+            total_slots=info.n_slots,
+            model_alias=info.names[0],
+            model_path=info.path,
+            chat_template=facts["chat_template"],
+            chat_template_tool_use=facts.get("chat_template_tool_use"),
+            chat_template_caps=facts.get("chat_template_caps", {}),
+            bos_token=text(llm.token_bos()),
+            eos_token=text(llm.token_eos()),
+            build_info=f"llama-vq {bi.version} llama.cpp {bi.llama_cpp_commit[:10]} {bi.backend}",
+            cache_type_k=info.cache_type_k,
+            cache_type_v=info.cache_type_v,
+            flash_attn=info.flash_attn,
+            jinja=s.jinja,
+            reasoning_format=s.reasoning_format,
+            chat_template_kwargs=s.chat_template_kwargs,
         )
 
-    return shape
+
+def _include_usage(body: Any) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
 
 
-def chat_chunk(model: str) -> Callable[[dict[str, Any]], protocol.ChatCompletionChunk]:
-    def shape(c: dict[str, Any]) -> protocol.ChatCompletionChunk:
-        choices = []
-        for ch in c.get("choices") or []:
-            d = ch.get("delta") or {}
-            calls = None
-            if d.get("tool_calls"):
-                calls = [
-                    protocol.DeltaToolCall(
-                        index=tc.get("index", i),
-                        id=tc.get("id"),
-                        type=tc.get("type"),
-                        function=protocol.DeltaFunctionCall(
-                            **{
-                                k: v
-                                for k, v in (tc.get("function") or {}).items()
-                                if k in ("name", "arguments")
-                            }
-                        ),
-                    )
-                    for i, tc in enumerate(d["tool_calls"])
-                ]
-            finish = ch.get("finish_reason")
-            choices.append(
-                protocol.ChatChunkChoice(
-                    index=ch.get("index", 0),
-                    delta=protocol.Delta(
-                        role=d.get("role"), content=d.get("content"), tool_calls=calls
-                    ),
-                    finish_reason="tool_calls" if calls and finish else _finish(finish),
-                )
-            )
-        return protocol.ChatCompletionChunk(
-            id=c["id"], created=c["created"], model=model, choices=choices
-        )
-
-    return shape
-
-
-def chat_usage_chunk(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.ChatCompletionChunk]:
-    def shape(last: dict[str, Any], stats: JobStats) -> protocol.ChatCompletionChunk:
-        return protocol.ChatCompletionChunk(
-            id=last["id"], created=last["created"], model=model, choices=[], usage=usage(stats)
-        )
-
-    return shape
-
-
-def completion_result(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.CompletionResponse]:
-    def shape(r: dict[str, Any], stats: JobStats) -> protocol.CompletionResponse:
-        ch = r["choices"][0]
-        return protocol.CompletionResponse(
-            id=r["id"],
-            created=r["created"],
-            model=model,
-            usage=usage(stats),
-            choices=[
-                protocol.CompletionChoice(
-                    index=0,
-                    text=ch.get("text") or "",
-                    finish_reason=_finish(ch.get("finish_reason")),
-                )
-            ],
-        )
-
-    return shape
-
-
-def completion_chunk(model: str) -> Callable[[dict[str, Any]], protocol.CompletionResponse]:
-    def shape(c: dict[str, Any]) -> protocol.CompletionResponse:
-        return protocol.CompletionResponse(
-            id=c["id"],
-            created=c["created"],
-            model=model,
-            choices=[
-                protocol.CompletionChoice(
-                    index=ch.get("index", 0),
-                    text=ch.get("text") or "",
-                    finish_reason=_finish(ch.get("finish_reason")),
-                )
-                for ch in c.get("choices") or []
-            ],
-        )
-
-    return shape
-
-
-def completion_usage_chunk(
-    model: str,
-) -> Callable[[dict[str, Any], JobStats], protocol.CompletionResponse]:
-    def shape(last: dict[str, Any], stats: JobStats) -> protocol.CompletionResponse:
-        return protocol.CompletionResponse(
-            id=last["id"], created=last["created"], model=model, choices=[], usage=usage(stats)
-        )
-
-    return shape
+def _check_tool_fields(m: Any, i: int) -> None:
+    """400 naming the message and field for tool calls whose arguments are not a JSON object."""
+    for j, tc in enumerate(getattr(m, "tool_calls", None) or []):
+        try:
+            args = json.loads(tc.function.arguments) if tc.function.arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            args = e
+        if not isinstance(args, dict):
+            param = f"messages[{i}].tool_calls[{j}].function.arguments"
+            raise errors.bad_request(f"{param}: must be a JSON object as text, got {tc.function.arguments[:80]!r}",
+                                     param=param)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import Any
 SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
 FLASH_ATTN_MODES = ("on", "off", "auto")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 # The names llama.cpp's tools accept for --cache-type-k/-v (llama_vq.CACHE_TYPES is authoritative).
 _FALLBACK_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -62,14 +64,37 @@ class Settings:
     # perf (issue 12): per-layer cache types of iSWA models; None = the same as cache_type_k / cache_type_v
     cache_type_k_swa: str | None = None
     cache_type_v_swa: str | None = None
+    # ---- serving: chat templates and llama-server compatibility (issue 9) ----
+    jinja: bool = True
+    chat_template: str | None = None  # a built-in template name of llama.cpp, or Jinja source
+    chat_template_file: Path | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_format: str = "auto"
+    cors_origins: tuple[str, ...] = ()
+    # ---- end serving ----
+    # ---- engine (issue 10): slots, prompt cache, limits, shutdown ----
+    parallel: int = 4
+    cache_ram: int = 8192 << 20  # bytes; 0 disables the RAM cache of sequence states
+    swa_full: bool = False
+    ctx_checkpoints: int = 32
+    checkpoint_every: int = 8192
+    n_predict: int = -1  # -1: up to the end of the context
+    timeout: float = 0.0  # seconds per request; 0: no limit
+    drain_timeout: float = 2.5
+    sse_keepalive: float = 5.0
 
     @property
     def split_mode_value(self) -> int:
         return SPLIT_MODES[self.split_mode]
 
     @property
+    def hosts(self) -> tuple[str, ...]:
+        """The addresses to listen on (--host takes several, comma-separated)."""
+        return parse_hosts(self.host)
+
+    @property
     def loopback(self) -> bool:
-        return is_loopback(self.host)
+        return all(is_loopback(h) for h in self.hosts)
 
 
 def is_loopback(host: str) -> bool:
@@ -199,6 +224,68 @@ def _aliases(s: str) -> tuple[str, ...]:
     return names
 
 
+def parse_hosts(s: str) -> tuple[str, ...]:
+    """'127.0.0.1,::1' -> ('127.0.0.1', '::1'); IPv6 may be bracketed ('[::1]')."""
+    out = []
+    for part in s.split(","):
+        h = part.strip()
+        if h.startswith("[") and h.endswith("]"):
+            h = h[1:-1]
+        if not h:
+            raise ValueError("lists an empty address (e.g. 127.0.0.1 or 127.0.0.1,::1)")
+        if any(c.isspace() for c in h) or "/" in h:
+            raise ValueError(f"{h!r} is not an address or host name")
+        out.append(h)
+    return tuple(dict.fromkeys(out))
+
+
+def _hosts(s: str) -> str:
+    return ",".join(parse_hosts(s))
+
+
+def _template_kwargs(s: str) -> dict[str, Any]:
+    try:
+        v = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"is not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(v, dict):
+        raise ValueError('must be a JSON object, e.g. \'{"enable_thinking": true}\'')
+    return v
+
+
+def _origins(s: str) -> tuple[str, ...]:
+    out = tuple(o.strip().rstrip("/") for o in s.split(",") if o.strip())
+    if not out:
+        raise ValueError("must list '*' or origins such as https://chat.example.com")
+    for o in out:
+        if o != "*" and not re.fullmatch(r"https?://[^/\s]+", o):
+            raise ValueError(f"{o!r} is not '*' or an origin such as https://chat.example.com")
+    return out
+
+
+def _mib(s: str) -> int:
+    v = _int_range(-1)(s)
+    return (1 << 62) if v < 0 else v << 20
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s.strip())
+    except ValueError:
+        raise ValueError("must be a number of seconds") from None
+    if not v >= 0:
+        raise ValueError("must be >= 0")
+    return v
+
+
+def _removed_chat_format(s: str) -> str:
+    raise ValueError(
+        "llama-cpp-python's chat formats are gone: chats are rendered and parsed by llama.cpp's chat "
+        "layer; use --chat-template NAME (a llama.cpp built-in such as chatml, llama3) or "
+        "--chat-template-file PATH (tools work with templates that render them)"
+    )
+
+
 def _bool(s: str) -> bool:
     v = s.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -244,9 +331,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "host",
         ("--host",),
-        _nonempty,
-        "Address to listen on. Default 127.0.0.1; a non-loopback address without --api-key logs "
-        "a warning.",
+        _hosts,
+        "Address(es) to listen on, comma-separated (e.g. 127.0.0.1,::1). Default 127.0.0.1; a "
+        "non-loopback address without --api-key logs a warning.",
         "ADDR",
     ),
     Option("port", ("--port",), _int_range(1, 65535), "TCP port. Default 8080.", "PORT"),
@@ -337,7 +424,8 @@ OPTIONS: tuple[Option, ...] = (
         "ubatch_size",
         ("-ub", "--ubatch-size"),
         _int_range(1),
-        "Physical batch size. Default 512.",
+        "Physical batch size (micro-batch). Default 512, lowered to --batch-size when larger "
+        "(as llama.cpp does).",
         "N",
     ),
     Option(
@@ -401,10 +489,81 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "chat_format",
         ("--chat-format",),
-        _nonempty,
-        "llama-cpp-python chat format name instead of the model's own chat template "
-        "(e.g. chatml-function-calling).",
+        _removed_chat_format,
+        "Removed: llama-cpp-python's chat formats are not used; see --chat-template.",
         "NAME",
+    ),
+    # ---- engine (issue 10) ------------------------------------------------------------------
+    Option(
+        "parallel",
+        ("-np", "--parallel"),
+        _int_range(1, 256),
+        "Slots: requests processed at once, sharing one context (unified KV cache) with continuous "
+        "batching; more wait in the queue. Default 4.",
+        "N",
+    ),
+    Option(
+        "cache_ram",
+        ("-cram", "--cache-ram"),
+        _mib,
+        "RAM for sequence states of reused slots (prompt cache in front of --state-dir), in MiB; "
+        "-1 = no limit, 0 = off. Default 8192.",
+        "MIB",
+    ),
+    Option(
+        "swa_full",
+        ("--swa-full",),
+        _bool,
+        "Full-size cache for sliding-window layers (default: windowed, as llama-server; reuse of an "
+        "older prefix then goes through checkpoints).",
+        switch=True,
+    ),
+    Option(
+        "ctx_checkpoints",
+        ("-ctxcp", "--ctx-checkpoints"),
+        _int_range(0, 1024),
+        "Most SWA checkpoints kept per slot (0 = none). Default 32.",
+        "N",
+    ),
+    Option(
+        "checkpoint_every",
+        ("--checkpoint-every",),
+        _int_range(0),
+        "Also checkpoint a long prompt every N tokens (0 = only near its end). Default 8192.",
+        "N",
+    ),
+    Option(
+        "n_predict",
+        ("-n", "--n-predict"),
+        _int_range(-1),
+        "Default cap on generated tokens when a request sets no max_tokens; -1 = up to the context "
+        "end. Default -1.",
+        "N",
+    ),
+    Option(
+        "timeout",
+        ("-to", "--timeout"),
+        _seconds,
+        "Longest time a request may take, queue included, in seconds; it then ends with "
+        "finish_reason 'timeout'. 0 = no limit (default).",
+        "S",
+    ),
+    Option(
+        "drain_timeout",
+        ("--drain-timeout",),
+        _seconds,
+        "After SIGTERM, running and queued requests get this many seconds before they are "
+        "cancelled (llama-swap kills after 5 s; the rest of the shutdown fits in what is left). "
+        "Default 2.5.",
+        "S",
+    ),
+    Option(
+        "sse_keepalive",
+        ("--sse-keepalive",),
+        _seconds,
+        "Send an SSE ': keepalive' comment after this many seconds without an event (prompt "
+        "processing). Default 5.",
+        "S",
     ),
     Option(
         "log_level",
@@ -432,14 +591,72 @@ OPTIONS: tuple[Option, ...] = (
         "--cache-type-v.",
         "TYPE",
     ),
+    # ---- serving: chat templates and llama-server compatibility (issue 9) ----
+    Option(
+        "jinja",
+        ("--jinja",),
+        _bool,
+        "Render chats with the model's Jinja template through llama.cpp's chat layer (tools, "
+        "reasoning). Default on.",
+        switch=True,
+    ),
+    Option(
+        "no_jinja",
+        ("--no-jinja",),
+        _bool,
+        "Use llama.cpp's built-in (non-Jinja) chat templates; no tool calls.",
+        switch=True,
+    ),
+    Option(
+        "chat_template",
+        ("--chat-template",),
+        _nonempty,
+        "Chat template instead of the model's: a llama.cpp built-in name (chatml, llama3, ...) or "
+        "Jinja source.",
+        "NAME",
+    ),
+    Option(
+        "chat_template_file",
+        ("--chat-template-file",),
+        _nonempty,
+        "File holding the Jinja chat template to use instead of the model's.",
+        "PATH",
+    ),
+    Option(
+        "chat_template_kwargs",
+        ("--chat-template-kwargs",),
+        _template_kwargs,
+        "JSON object of extra template variables for every request (a request's "
+        'chat_template_kwargs overrides them), e.g. \'{"enable_thinking": true}\'.',
+        "JSON",
+    ),
+    Option(
+        "reasoning_format",
+        ("--reasoning-format",),
+        _choice(REASONING_FORMATS),
+        "Where the model's thinking goes: none (left in content), deepseek (reasoning_content), "
+        "deepseek-legacy (both), auto (default: as the template's format says).",
+        "FORMAT",
+    ),
+    Option(
+        "cors_origins",
+        ("--cors-origin",),
+        _origins,
+        "Allow browsers on these origins (comma-separated, or '*') to call the API (CORS). "
+        "Default: off.",
+        "ORIGINS",
+    ),
+    # ---- end serving ----
 )
 
 _EPILOG = """\
 Every option can also be set by an environment variable: LLAMA_VQ_ + the long flag in upper case
 with '-' as '_' (LLAMA_VQ_CTX_SIZE=65536, LLAMA_VQ_API_KEY=...). A flag wins over its variable.
 
-Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API),
-GET /health (no key needed), GET /metrics (Prometheus).
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (OpenAI API, also
+without /v1 as llama-server has them), POST /completion, /tokenize, /detokenize, /apply-template,
+GET /props, GET /slots (llama-server's), GET /health (no key needed), GET /metrics (Prometheus, with
+llama-server's llamacpp:* names).
 
 Example (two GPUs, quantized V without flash attention, expert tensors of layers 0-24 on the CPU):
   llama-vq-server -m MiMo.gguf -c 65536 -ngl 999 -sm layer -ts 1,1 -ctk q8_0 -ctv q4_0 -fa off \\
@@ -535,6 +752,20 @@ def _finish(v: dict[str, Any]) -> Settings:
             raise SettingsError(f"--model {str(path)!r}: is not readable by this user")
         v["model"] = path.resolve()
 
+    if "no_jinja" in v:
+        if v.pop("no_jinja"):
+            v["jinja"] = False
+    if "chat_template_file" in v:
+        path = Path(v["chat_template_file"]).expanduser()
+        try:
+            path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or str(e)
+            raise SettingsError(f"--chat-template-file {str(path)!r}: cannot read it ({why})") from None
+        v["chat_template_file"] = path.resolve()
+        if "chat_template" in v:
+            raise SettingsError("--chat-template and --chat-template-file: give one of them, not both")
+
     if "state_dir" in v:
         d = Path(v["state_dir"]).expanduser()
         try:
@@ -547,12 +778,11 @@ def _finish(v: dict[str, Any]) -> Settings:
             raise SettingsError(f"--state-dir {str(d)!r}: is not writable by this user")
         v["state_dir"] = d.resolve()
 
+    # llama.cpp lowers the micro-batch to the batch (llama_context: n_ubatch = min(n_batch, n_ubatch)),
+    # so `-b 32` alone works as it does with llama-server.
+    if v.get("ubatch_size", Settings.ubatch_size) > v.get("batch_size", Settings.batch_size):
+        v["ubatch_size"] = v.get("batch_size", Settings.batch_size)
     st = Settings(**v)
-    if st.ubatch_size > st.batch_size:
-        raise SettingsError(
-            f"--ubatch-size {st.ubatch_size} is larger than --batch-size {st.batch_size}: "
-            "the physical batch must fit in the logical one"
-        )
     if st.state_budget <= 0:
         raise SettingsError("--state-budget: must be larger than 0")
     if st.max_body_bytes < 1024:
@@ -584,12 +814,29 @@ def check_against_model(s: Settings, model: Path) -> None:
                               type_v_swa=s.cache_type_v_swa)
     except llama_vq.ConfigError as e:
         raise SettingsError(str(e)) from None
-    if s.chat_format is not None:
-        from llama_cpp import llama_chat_format  # noqa: PLC0415
+    check_chat_template(s)
 
-        known = llama_chat_format.LlamaChatCompletionHandlerRegistry()._chat_handlers
-        if s.chat_format not in known:
-            raise SettingsError(
-                f"--chat-format {s.chat_format!r}: unknown; known formats: "
-                f"{', '.join(sorted(known))}"
-            )
+
+def check_chat_template(s: Settings) -> None:
+    """--chat-template / --chat-template-file parse in llama.cpp's Jinja engine; --no-jinja names a
+    built-in template. Raises SettingsError naming the flag."""
+    try:
+        from llama_vq.chat import ChatTemplateError, ChatTemplates, builtin_templates  # noqa: PLC0415
+    except ImportError:
+        return
+    builtins = tuple(n for n in builtin_templates() if n != "chatml")
+    if not s.jinja and s.chat_template not in builtins:
+        raise SettingsError(
+            "--no-jinja needs --chat-template NAME naming one of llama.cpp's built-in templates "
+            f"({', '.join(builtins)}); without it the model's Jinja template is used (--jinja)"
+        )
+    if s.chat_template_file is not None:
+        flag, text = f"--chat-template-file {str(s.chat_template_file)!r}", s.chat_template_file.read_text("utf-8")
+    elif s.chat_template is not None:
+        flag, text = "--chat-template", s.chat_template
+    else:
+        return
+    try:
+        ChatTemplates(None, text).close()
+    except ChatTemplateError as e:
+        raise SettingsError(f"{flag}: {e.message}") from None

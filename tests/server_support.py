@@ -161,9 +161,16 @@ def sse_events(lines) -> list[Any]:  # noqa: ANN001
 
 
 # A JSON-schema grammar that forbids ending before `n` characters: generation that cannot stop
-# early, for tests that need a request to keep running (disconnect, queue, drain).
+# early, for tests that need a request to keep running (disconnect, queue, drain). llama.cpp's grammar
+# parser refuses a repetition above 2000 (char{4000,}), so the length is spread over required
+# properties of at most 1000 characters each.
 def long_string_format(n: int) -> dict[str, Any]:
+    parts = [min(1000, n - i) for i in range(0, n, 1000)]
+    props = {f"p{i}": {"type": "string", "minLength": k} for i, k in enumerate(parts)}
     return {
         "type": "json_schema",
-        "json_schema": {"name": "long", "schema": {"type": "string", "minLength": n}},
+        "json_schema": {
+            "name": "long",
+            "schema": {"type": "object", "properties": props, "required": list(props), "additionalProperties": False},
+        },
     }

@@ -232,10 +232,11 @@ def test_repeated_prompt_reuses_the_cached_prefix(http):
     assert u["prompt_tokens_details"]["cached_tokens"] >= u["prompt_tokens"] - 1
 
 
-def test_tools_are_refused_when_the_chat_template_cannot_render_them(http):
+def test_required_tools_on_a_template_without_a_tool_format_are_a_400_naming_the_fix(http):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    e = _error(http.post("/v1/chat/completions", json={"messages": CHAT, "tools": tools}), 400)
-    assert e["param"] == "tools" and "chat template" in e["message"]
+    body = {"messages": CHAT, "tools": tools, "tool_choice": "required", "max_tokens": 4}
+    e = _error(http.post("/v1/chat/completions", json=body), 400)
+    assert e["param"] == "tool_choice" and "--chat-template-file" in e["message"]
 
 
 # ---- errors --------------------------------------------------------------------------------------
@@ -390,72 +391,5 @@ def test_openapi_schema_documents_400_not_422(http):
     assert "400" in op["responses"] and "422" not in op["responses"]
 
 
-# ---- tools with a chat format that renders them ----------------------------------------------
-
-WEATHER = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather of a city",
-            "parameters": {
-                "type": "object",
-                "required": ["city"],
-                "additionalProperties": False,
-                "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-            },
-        },
-    }
-]
-FORCE = {"type": "function", "function": {"name": "get_weather"}}
-
-
-@pytest.fixture(scope="module")
-def tool_client(smollm2_path, tmp_path_factory):
-    s = ServerProcess(
-        smollm2_path,
-        "--chat-format",
-        "chatml-function-calling",
-        "--alias",
-        "smol",
-        log_dir=tmp_path_factory.mktemp("tools"),
-    )
-    try:
-        s.wait_ready()
-        yield openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
-    finally:
-        s.stop()
-
-
-def test_forced_tool_choice_returns_a_tool_call_with_schema_valid_arguments(tool_client):
-    r = tool_client.chat.completions.create(
-        model="smol",
-        messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=WEATHER,
-        tool_choice=FORCE,
-        max_tokens=32,
-        temperature=0,
-    )
-    choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    (call,) = choice.message.tool_calls
-    assert call.function.name == "get_weather" and call.id
-    assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
-
-
-def test_forced_tool_choice_streams_tool_call_deltas(tool_client):
-    chunks = list(
-        tool_client.chat.completions.create(
-            model="smol",
-            messages=[{"role": "user", "content": "Weather in Rome?"}],
-            tools=WEATHER,
-            tool_choice=FORCE,
-            max_tokens=32,
-            temperature=0,
-            stream=True,
-        )
-    )
-    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert deltas and deltas[0].function.name == "get_weather"
-    args = "".join(d.function.arguments or "" for d in deltas)
-    assert json.loads(args)["city"] in ("Paris", "Rome")
+# Tool calls through llama.cpp's chat layer (tool_choice auto / none / required / named, streamed
+# deltas, the openai client's helpers): tests/test_server_tools.py.

@@ -2,6 +2,8 @@
 
 Requests that must keep running use a JSON-schema grammar that forbids stopping early
 (server_support.long_string_format), so their length does not depend on what the model says.
+These servers run one slot (-np 1), so that requests beyond it queue: the queue's order, 429 and the
+drain are what is tested here (parallel slots: test_engine_*.py).
 CPU cost: two servers, ~600 generated tokens in all; about 15-25 s on 2 cores.
 """
 
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def srv(smollm2_path, tmp_path_factory):
-    s = ServerProcess(smollm2_path, "--max-queue", "8", log_dir=tmp_path_factory.mktemp("conc"))
+    s = ServerProcess(smollm2_path, "-np", "1", "--max-queue", "8", log_dir=tmp_path_factory.mktemp("conc"))
     try:
         s.wait_ready()
         yield s
@@ -113,7 +115,8 @@ def test_client_disconnect_mid_stream_stops_generation_and_frees_the_model(srv):
 
 
 def test_full_queue_gets_429_and_sigterm_drains_then_exits_0(smollm2_path, tmp_path):
-    s = ServerProcess(smollm2_path, "--max-queue", "1", log_dir=tmp_path)
+    # --drain-timeout 60: both requests may finish (by default, a drain cancels after 2.5 s)
+    s = ServerProcess(smollm2_path, "-np", "1", "--max-queue", "1", "--drain-timeout", "60", log_dir=tmp_path)
     try:
         s.wait_ready()
         body = {

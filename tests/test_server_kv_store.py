@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -128,8 +129,36 @@ def test_superseding_state_replaces_its_own_prefixes(tmp_path):
     assert s.lookup([1, 2, 3, 4, 5, 6], better_than=0, prefix_only=True)[1] == 5
 
 
-def test_temporary_files_of_interrupted_writes_are_not_loaded(tmp_path):
-    (tmp_path / (".deadbeef" + SUFFIX + ".123.tmp")).write_bytes(b"partial")
-    s = _store(tmp_path)
-    assert len(s) == 0
-    assert os.listdir(tmp_path)  # left for the operator; never read
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_temporary_files_of_writers_killed_mid_write_are_deleted_at_start(tmp_path):
+    """A SIGKILL during a write leaves .<name>.<pid>.tmp: never loaded, and removed by the next start
+    (it would otherwise sit outside --state-budget forever); a live process's write is left alone."""
+    dead = tmp_path / (".deadbeef" + SUFFIX + f".{_dead_pid()}.tmp")
+    dead.write_bytes(b"partial" * 1000)
+    live_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = tmp_path / (".cafe" + SUFFIX + f".{live_proc.pid}.tmp")
+        live.write_bytes(b"in progress")
+        s = _store(tmp_path)
+        assert len(s) == 0
+        assert not dead.exists()
+        assert live.exists()
+    finally:
+        live_proc.kill()
+        live_proc.wait()
+
+
+def test_close_returns_within_its_timeout_even_with_writes_queued(tmp_path):
+    s = _store(tmp_path, budget=1 << 30)
+    for i in range(50):
+        s.save(np.array([i, i], np.int32), bytes(4 << 20), supersede=False)
+    t0 = time.monotonic()
+    s.close(timeout=0.2)
+    assert time.monotonic() - t0 < 0.2 + 0.5  # join's timeout plus scheduling slack
+    for f in tmp_path.glob("*" + SUFFIX):  # whatever is under a final name is complete
+        read_header(f, ID)

@@ -123,8 +123,13 @@ def test_api_key_file_takes_one_key_per_line(model_file, tmp_path):
         (["-ot", "blk.(=CPU"], {}, "not a valid regular expression"),
         (["--rpc", "host"], {}, "is not host:port"),
         (["--state-budget", "lots"], {}, "must be a size"),
-        (["-b", "256", "-ub", "512"], {}, "--ubatch-size 512 is larger than --batch-size 256"),
         (["--api-key-file", "/nonexistent/keys"], {}, "cannot read it"),
+        (["--chat-template-kwargs", "{enable_thinking: true}"], {}, "--chat-template-kwargs"),
+        (["--chat-template-kwargs", "[1]"], {}, "must be a JSON object"),
+        (["--reasoning-format", "r1"], {}, "must be one of none, deepseek, deepseek-legacy, auto"),
+        (["--chat-template-file", "/nonexistent/t.jinja"], {}, "cannot read it"),
+        (["--cors-origin", "example.com"], {}, "is not '*' or an origin"),
+        (["--host", "127.0.0.1,,::1"], {}, "lists an empty address"),
     ],
 )
 def test_bad_values_are_refused_with_the_option_and_the_rule(model_file, argv, env, says):
@@ -203,3 +208,79 @@ def test_attn_rotation_disabled_reads_the_variable_as_llama_cpp_does(value, disa
 
     env = {} if value is None else {"LLAMA_ATTN_ROT_DISABLE": value}
     assert attn_rotation_disabled(env) is disabled
+
+
+@pytest.mark.parametrize(
+    ("argv", "batch", "ubatch"),
+    [([], 512, 512), (["-b", "32"], 32, 32), (["-b", "256", "-ub", "512"], 256, 256), (["-ub", "64"], 512, 64)],
+)
+def test_micro_batch_is_lowered_to_the_batch_as_llama_cpp_does(model_file, argv, batch, ubatch):
+    s = parse_settings(["-m", str(model_file), *argv], {})
+    assert (s.batch_size, s.ubatch_size) == (batch, ubatch)
+
+
+def test_chat_flags_parse_with_llama_server_spelling(model_file, tmp_path):
+    tmpl = tmp_path / "t.jinja"
+    tmpl.write_text("{{ messages[0]['content'] }}")
+    s = parse_settings(
+        ["-m", str(model_file), "--chat-template-file", str(tmpl), "--chat-template-kwargs",
+         '{"enable_thinking": true}', "--reasoning-format", "deepseek", "--cors-origin",
+         "https://a.example, http://localhost:3000/", "--host", "127.0.0.1,[::1]"],
+        {},
+    )
+    assert s.jinja is True and s.chat_template_file == tmpl.resolve()
+    assert s.chat_template_kwargs == {"enable_thinking": True} and s.reasoning_format == "deepseek"
+    assert s.cors_origins == ("https://a.example", "http://localhost:3000")
+    assert s.hosts == ("127.0.0.1", "::1") and s.loopback
+    assert parse_settings(["-m", str(model_file), "--no-jinja"], {}).jinja is False
+    assert parse_settings(["-m", str(model_file)], {"LLAMA_VQ_JINJA": "0"}).jinja is False
+    assert parse_settings(["-m", str(model_file)], {}).cors_origins == ()
+
+
+def test_cli_lowers_the_micro_batch_and_listens_on_every_host(tmp_path, smollm2_path):
+    """`-b 32` alone runs (llama-server's behaviour); --host takes IPv4 and IPv6 loopback at once."""
+    import socket
+
+    from server_support import ServerProcess
+
+    try:
+        with socket.socket(socket.AF_INET6) as s6:
+            s6.bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"this machine has no IPv6 loopback ({e})")
+    srv = ServerProcess(smollm2_path, "-b", "32", "--host", "127.0.0.1,::1", log_dir=tmp_path)
+    try:
+        srv.wait_ready()
+        import httpx
+
+        assert httpx.get(f"http://[::1]:{srv.port}/health", timeout=10).status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_cli_bind_failure_names_the_address_and_exits_1(tmp_path, smollm2_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = _cli("-m", str(smollm2_path), "--port", str(port), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1 port {port}" in r.stderr and "in use" in r.stderr
+    r = _cli("-m", str(smollm2_path), "--host", "no-such-host.invalid", cwd=tmp_path)
+    assert r.returncode == 1 and "cannot listen on 'no-such-host.invalid'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--chat-format", "chatml-function-calling"], "use --chat-template NAME"),
+        (["--no-jinja"], "--no-jinja needs --chat-template NAME"),
+        (["--chat-template", "{% for m in messages %}{{ m.content }"], "--chat-template:"),
+    ],
+)
+def test_cli_exits_2_for_chat_template_flags_that_cannot_work(tmp_path, smollm2_path, args, says):
+    r = _cli("-m", str(smollm2_path), *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and "loading" not in r.stderr

@@ -1,0 +1,451 @@
+#!/usr/bin/env python3
+"""llama-vq-server against llama.cpp's own llama-server (built from the same patched tree), side by side.
+
+    python benchmarks/serve_bench.py build --llama-vq                    # llama-server, once (nice'd):
+        # from our own CMake project (LLAMA_VQ_BUILD_SERVER=ON) in build/server-bench, beside the pip build
+        # dir, with its compilers and flags: every object but the server's is a ccache hit
+    python benchmarks/serve_bench.py build --dir build-server            # or standalone from the patched tree
+    python benchmarks/serve_bench.py throughput --llama-server build-server/build/bin/llama-server \\
+        --model M.gguf --out bench-out [--clients 1,2,4,8] [--threads 1] [--extra ARGS]
+    python benchmarks/serve_bench.py agent --model mimo.gguf --state-dir DIR --out bench-out \\
+        [--llama-server BIN]
+
+throughput: both servers with the same flags (-np = the largest client count, q8_0 K / q4_0 V, flash
+attention off by default), N concurrent streaming clients each sending --requests completions of
+--max-tokens tokens; aggregate generated tok/s (completion tokens of all requests / wall time) and TTFT
+p50/p99 (request sent -> first streamed text), per server and client count.
+
+agent: a 20-turn agent conversation replayed against a sliding-window model (the MiMo-shaped synthetic
+model: tools/synth_models.py mimo OUT --preset tiny here, attn on a GPU): a long system prompt, then per
+turn a long forced answer ("thinking", past the SWA cache's cells), after which the history holds the
+assistant turn re-rendered (thinking stripped, tool arguments re-serialized), a tool result and the next
+user message, as agent clients send it. Reports cached_tokens / prompt_tokens per turn; turns
+--restart-at.. run after a restart of the server with --state-dir.
+
+Writes results.json and results.md into --out. The GPU machine runs the same commands with
+--extra '-ngl 999' (and a GPU-built llama-server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---- servers ---------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server process (ours or llama-server) on a free port; polled on /health until ready."""
+
+    def __init__(self, kind: str, cmd: list[str], log: Path) -> None:
+        self.kind = kind
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        full = [*cmd, "--host", "127.0.0.1", "--port", str(self.port)]
+        self._f = log.open("ab")
+        self._f.write(f"$ {shlex.join(full)}\n".encode())
+        self._f.flush()
+        self.proc = subprocess.Popen(full, stdout=self._f, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 600
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {self.proc.returncode}; see {log}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{kind} not ready; see {log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._f.close()
+
+
+def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list[str]) -> list[str]:
+    common = [
+        "-m",
+        str(args.model),
+        "-c",
+        str(args.ctx),
+        "-np",
+        str(n_parallel),
+        "-ctk",
+        args.ctk,
+        "-ctv",
+        args.ctv,
+        "-fa",
+        args.fa,
+        "-t",
+        str(args.threads),
+        *extra,
+    ]
+    if kind == "ours":
+        return [sys.executable, "-m", "server.cli", *common, "--log-level", "warning"]
+    return [str(args.llama_server), *common, "--no-webui"]
+
+
+# ---- throughput ------------------------------------------------------------------------------------
+
+PROMPTS = [
+    "Once upon a time, in a small village by the sea, there lived",
+    "The history of the printing press begins in the fifteenth century, when",
+    "Here is a recipe for a simple tomato soup. First,",
+    "The three laws of thermodynamics can be explained simply:",
+    "In the year 2150, the first colony on Mars",
+    "A short guide to learning the piano as an adult:",
+    "The old lighthouse keeper looked out at the storm and",
+    "def quicksort(items):\n    ",
+]
+
+
+def one_stream(url: str, prompt: str, max_tokens: int) -> dict[str, float]:
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.monotonic()
+    ttft = None
+    n = 0
+    with httpx.Client(timeout=600) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            ev = json.loads(line[6:])
+            if ttft is None and any(ch.get("text") for ch in ev.get("choices") or []):
+                ttft = time.monotonic() - t0
+            if ev.get("usage"):
+                n = ev["usage"]["completion_tokens"]
+            elif ev.get("timings"):
+                n = n or int(ev["timings"].get("predicted_n", 0))
+    return {"ttft": ttft if ttft is not None else time.monotonic() - t0, "tokens": n, "seconds": time.monotonic() - t0}
+
+
+def run_clients(url: str, clients: int, requests: int, max_tokens: int) -> dict[str, Any]:
+    jobs = [
+        (PROMPTS[(c * requests + i) % len(PROMPTS)] + f" ({c}.{i})", max_tokens)
+        for c in range(clients)
+        for i in range(requests)
+    ]
+    t0 = time.monotonic()
+
+    def client(c: int) -> list[dict[str, float]]:
+        return [one_stream(url, *jobs[c * requests + i]) for i in range(requests)]
+
+    with cf.ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client, range(clients)) for r in rs]
+    wall = time.monotonic() - t0
+    ttfts = sorted(r["ttft"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tok_s": tokens / wall,
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(round(0.99 * (len(ttfts) - 1))))],
+    }
+
+
+def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    counts = [int(x) for x in args.clients.split(",")]
+    kinds = ["ours"] + (["llama-server"] if args.llama_server else [])
+    out: dict[str, Any] = {"rows": []}
+    for kind in kinds:
+        srv = Server(kind, server_cmd(kind, args, max(counts), shlex.split(args.extra)), args.out / f"{kind}.log")
+        try:
+            one_stream(srv.url, PROMPTS[0], 4)  # warm-up
+            for n in counts:
+                row = {"server": kind, **run_clients(srv.url, n, args.requests, args.max_tokens)}
+                print(
+                    f"[throughput] {kind:12s} clients {n}: {row['tok_s']:.1f} tok/s, TTFT p50 "
+                    f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms",
+                    flush=True,
+                )
+                out["rows"].append(row)
+        finally:
+            srv.stop()
+    return out
+
+
+# ---- agent replay ----------------------------------------------------------------------------------
+
+SYSTEM = "You are a coding agent. Tools: read_file(path), write_file(path, content), run(cmd). " + " ".join(
+    f"Rule {i}: keep changes small, explain each step, and check the result of every tool call." for i in range(120)
+)
+
+
+def _force_long(n_chars: int) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "string", "minLength": n_chars}}}
+
+
+def agent_turn(url: str, messages: list[dict[str, Any]], think_tokens: int) -> dict[str, Any]:
+    body = {
+        "messages": messages,
+        "max_tokens": think_tokens,
+        "temperature": 0,
+        "response_format": _force_long(20 * think_tokens),
+    }
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=1800)
+    r.raise_for_status()
+    j = r.json()
+    u = j["usage"]
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is None:
+        cached = int((j.get("timings") or {}).get("cache_n", 0))
+    return {"prompt_tokens": u["prompt_tokens"], "cached_tokens": cached, "completion_tokens": u["completion_tokens"]}
+
+
+def _rerendered_assistant(turn: int) -> dict[str, Any]:
+    """What an agent client sends back for its last turn: thinking stripped, the tool call's
+    arguments re-serialized (compact JSON, keys sorted), never the generated text."""
+    args = {"path": f"src/module_{turn}.py", "lines": [1, 80]}
+    return {"role": "assistant", "content": f"read_file {json.dumps(args, sort_keys=True, separators=(',', ':'))}"}
+
+
+def _tool_result(turn: int) -> str:
+    return "\n".join(f"{i:4d}  def function_{turn}_{i}(x): return x * {i} + {turn}" for i in range(12))
+
+
+def cmd_agent(args: argparse.Namespace) -> dict[str, Any]:
+    kinds = ["ours"] + (["llama-server"] if args.llama_server else [])
+    out: dict[str, Any] = {"turns": []}
+    for kind in kinds:
+        state = args.state_dir / kind
+        if state.exists():
+            shutil.rmtree(state)
+        state.mkdir(parents=True)
+        extra = shlex.split(args.extra)
+        if kind == "ours":
+            extra += ["--state-dir", str(state), "--state-min-tokens", "64"]
+        else:
+            extra += ["--slot-save-path", str(state)]
+        cmd = server_cmd(kind, args, args.parallel, extra)
+        srv = Server(kind, cmd, args.out / f"agent-{kind}.log")
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Fix the failing test in src/."},
+        ]
+        try:
+            for turn in range(1, args.turns + 1):
+                restarted = turn == args.restart_at
+                if restarted:
+                    srv.stop()
+                    srv = Server(kind, cmd, args.out / f"agent-{kind}.log")
+                r = agent_turn(srv.url, messages, args.think_tokens)
+                r.update(
+                    server=kind,
+                    turn=turn,
+                    after_restart=turn >= args.restart_at > 0,
+                    ratio=r["cached_tokens"] / r["prompt_tokens"],
+                )
+                print(
+                    f"[agent] {kind:12s} turn {turn:2d}{' (restart)' if restarted else '':10s} prompt "
+                    f"{r['prompt_tokens']:6d} cached {r['cached_tokens']:6d} ratio {r['ratio']:.3f}",
+                    flush=True,
+                )
+                out["turns"].append(r)
+                messages += [
+                    _rerendered_assistant(turn),
+                    {"role": "tool", "content": _tool_result(turn)},
+                    {"role": "user", "content": f"Step {turn} done. Continue with the next file."},
+                ]
+        finally:
+            srv.stop()
+    return out
+
+
+# ---- build llama-server ------------------------------------------------------------------------------
+
+
+def _pip_build_cache() -> dict[str, str]:
+    """CMakeCache entries of this checkout's pip build dir (build/<wheel tag>), {} when there is none."""
+    for cache in sorted((REPO / "build").glob("py3-*/CMakeCache.txt")):
+        return dict(
+            (k.split(":", 1)[0], v)
+            for k, _, v in (ln.partition("=") for ln in cache.read_text().splitlines())
+            if ":" in k
+        )
+    return {}
+
+
+def cmd_build_llama_vq(args: argparse.Namespace) -> dict[str, Any]:
+    """llama-server from our top-level CMake project: the same patched tree, flags and ccache base dir as
+    the pip build, and a build dir at the same depth (build/server-bench), so its compiles hit ccache."""
+    pip = _pip_build_cache()
+    d = REPO / "build" / "server-bench"
+    env = dict(os.environ)
+    for var, key in (("CC", "CMAKE_C_COMPILER"), ("CXX", "CMAKE_CXX_COMPILER")):
+        if pip.get(key):
+            env[var] = pip[key]  # ccache keys on the compiler path: /usr/bin/cc is not /usr/bin/gcc
+    cfg = ["cmake", "-S", str(REPO), "-B", str(d), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_VQ_BUILD_SERVER=ON"]
+    cfg += ["-DLLAMA_VQ_BUILD_TOOLS=ON"]  # llama.cpp adds tools/server only with its tools
+    keys = ("LLAMA_VQ_BACKEND", "LLAMA_VQ_CPU_FEATURES", "SKBUILD_PROJECT_VERSION")
+    cfg += [f"-D{k}={pip[k]}" for k in keys if pip.get(k)]
+    cfg += [f"-DPython3_EXECUTABLE={sys.executable}", *shlex.split(args.cmake_args)]
+    if shutil.which("ninja"):
+        cfg += ["-G", "Ninja"]
+    t0 = time.time()
+    nice = ["nice", "-n", "5"] if shutil.which("nice") else []
+    subprocess.run(cfg, check=True, env=env)
+    subprocess.run([*nice, "cmake", "--build", str(d), "-j", str(args.jobs), "--target", "llama-server"], check=True)
+    binary = d / "bin" / "llama-server"
+    print(f"[build] {binary} in {time.time() - t0:.0f} s")
+    return {"llama_server": str(binary), "build_s": time.time() - t0}
+
+
+def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
+    if args.llama_vq:
+        return cmd_build_llama_vq(args)
+    d = args.dir.resolve()
+    src = args.src.resolve() if args.src else d / "llama.cpp-patched"
+    if not src.exists():
+        subprocess.run([sys.executable, str(REPO / "tools" / "patches.py"), "export", str(src)], check=True)
+    cfg = [
+        "cmake",
+        "-S",
+        str(src),
+        "-B",
+        str(d / "build"),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        f"-DGGML_CCACHE={'ON' if shutil.which('ccache') else 'OFF'}",
+        *shlex.split(args.cmake_args),
+    ]
+    if shutil.which("ninja"):
+        cfg += ["-G", "Ninja"]
+    if "LLAMA_BUILD_APP" in (src / "CMakeLists.txt").read_text(errors="replace"):
+        cfg.append("-DLLAMA_BUILD_APP=OFF")  # its sources are not in the release tree we vendor
+    if args.backend == "cpu":
+        cfg += ["-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+    else:
+        cfg += ["-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    t0 = time.time()
+    nice = ["nice", "-n", "10"] if shutil.which("nice") else []
+    subprocess.run(cfg, check=True)
+    subprocess.run(
+        [*nice, "cmake", "--build", str(d / "build"), "-j", str(args.jobs), "--target", "llama-server"], check=True
+    )
+    binary = d / "build" / "bin" / "llama-server"
+    print(f"[build] {binary} in {time.time() - t0:.0f} s")
+    return {"llama_server": str(binary), "build_s": time.time() - t0}
+
+
+# ---- report ------------------------------------------------------------------------------------------
+
+
+def markdown(res: dict[str, Any]) -> str:
+    lines = []
+    if res.get("rows"):
+        lines += ["| server | clients | tok/s | TTFT p50 ms | TTFT p99 ms | requests |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {r['server']} | {r['clients']} | {r['tok_s']:.1f} | {r['ttft_p50_s'] * 1e3:.0f} | "
+            f"{r['ttft_p99_s'] * 1e3:.0f} | {r['requests']} |"
+            for r in res["rows"]
+        ]
+    if res.get("turns"):
+        lines += ["", "| server | turn | prompt | cached | ratio | after restart |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {t['server']} | {t['turn']} | {t['prompt_tokens']} | {t['cached_tokens']} | "
+            f"{t['ratio']:.3f} | {'yes' if t['after_restart'] else ''} |"
+            for t in res["turns"]
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build llama-server from the patched tree")
+    b.add_argument("--dir", type=Path, default=Path("build-server"))
+    b.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    b.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
+    b.add_argument("--cmake-args", default="", help="e.g. the GGML_* flags of the llama-vq build, for ccache hits")
+    b.add_argument("--src", type=Path, help="an exported patched tree (e.g. the llama-vq build's own)")
+    b.add_argument("--llama-vq", action="store_true", help="through our CMake project (ccache hits; see above)")
+    for name in ("throughput", "agent"):
+        q = sub.add_parser(name)
+        q.add_argument("--model", type=Path, required=True)
+        q.add_argument("--llama-server", type=Path, help="also run llama.cpp's llama-server (same flags)")
+        q.add_argument("--out", type=Path, default=Path("serve-bench-out"))
+        q.add_argument("--threads", type=int, default=1)
+        q.add_argument("--ctk", default="q8_0")
+        q.add_argument("--ctv", default="q4_0")
+        q.add_argument("--fa", default="off")
+        q.add_argument("--extra", default="", help="more flags for both servers, e.g. '-ngl 999'")
+    t = sub.choices["throughput"]
+    t.add_argument("--clients", default="1,2,4,8")
+    t.add_argument("--requests", type=int, default=3, help="per client")
+    t.add_argument("--max-tokens", type=int, default=64)
+    t.add_argument("--ctx", type=int, default=4096)
+    a = sub.choices["agent"]
+    a.add_argument("--state-dir", type=Path, default=Path("serve-bench-state"))
+    a.add_argument("--turns", type=int, default=20)
+    a.add_argument("--restart-at", type=int, default=11, help="restart the server before this turn (0: never)")
+    a.add_argument("--think-tokens", type=int, default=300)
+    a.add_argument("--parallel", type=int, default=4)
+    a.add_argument("--ctx", type=int, default=16384)
+    args = p.parse_args(argv)
+    if args.cmd == "build":
+        res = cmd_build(args)
+        print(json.dumps(res))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    res = {
+        "command": shlex.join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": os.uname().nodename,
+        "cpus": os.cpu_count(),
+    }
+    res.update(cmd_throughput(args) if args.cmd == "throughput" else cmd_agent(args))
+    (args.out / f"{args.cmd}.json").write_text(json.dumps(res, indent=1))
+    (args.out / f"{args.cmd}.md").write_text(markdown(res))
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
