@@ -15,7 +15,7 @@ from typing import Any
 
 from . import errors, protocol
 from .chat_layer import ChatLayer, ChatPlan
-from .engine.request import GenerationRequest, Grammar, Sampling
+from .engine.request import GenerationRequest, Grammar, Reasoning, Sampling
 from .settings import Settings
 
 _MAX_STOPS = 16
@@ -184,6 +184,11 @@ class Serving:
             stop=chat.stop,
             max_tokens=req.max_completion_tokens or req.max_tokens,
             render_special=chat.render_special,
+            preserved_token_ids=chat.preserved_token_ids,
+            # a lazy (tool) grammar waits for the end of the reasoning block, as llama-server gates it
+            reasoning=Reasoning(chat.thinking.start, tuple(chat.thinking.ends), chat.thinking.open_at_start)
+            if chat.thinking
+            else None,
             cache_prompt=bool(req.cache_prompt),
         )
         param = "response_format" if req.response_format is not None else "tools" if chat.has_tools else "grammar"
