@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .option_values import (  # noqa: F401  (the constants and public parsers are re-exported)
-    _FALLBACK_CACHE_TYPES,
-    _SIZE_UNITS,
     FLASH_ATTN_MODES,
     LOG_LEVELS,
     REASONING_FORMATS,
