@@ -206,7 +206,25 @@ def _model_pointer(model: Any) -> int | None:
     return ptr
 
 
-class ChatTemplates:
+class _Native:
+    """Owns one handle of the chat library, freed once: by close(), else when collected."""
+
+    _handle: int | None = None
+    _free = ""  # the library function that frees the handle
+
+    def close(self) -> None:
+        if self._handle:
+            getattr(_lib(), self._free)(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
+class ChatTemplates(_Native):
     """A model's chat templates (or an override), ready to render requests and parse output.
 
     ``model``: a ``Llama``, a ``llama_model *`` (int), or None when ``template`` is given. The model must
@@ -214,6 +232,8 @@ class ChatTemplates:
     (``builtin_templates()``; "chatml" is Jinja) or Jinja source, as llama-server's --chat-template.
     Raises ChatTemplateError when the template does not parse.
     """
+
+    _free = "llama_vq_chat_templates_free"
 
     def __init__(self, model: Any = None, template: str | None = None, *, bos_token: str = "",
                  eos_token: str = "") -> None:
@@ -230,17 +250,6 @@ class ChatTemplates:
     @classmethod
     def from_llama(cls, llm: Any, template: str | None = None) -> ChatTemplates:
         return cls(llm, template)
-
-    def close(self) -> None:
-        if self._handle:
-            _lib().llama_vq_chat_templates_free(self._handle)
-            self._handle = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass
 
     def _live(self) -> int:
         if not self._handle:
@@ -267,13 +276,15 @@ class ChatTemplates:
         return ChatStream(parser)
 
 
-class ChatStream:
+class ChatStream(_Native):
     """Incremental parse of one generation: ``feed`` pieces, then ``finish`` once.
 
     The deltas of all feed calls plus finish's concatenate to finish's message: content and
     reasoning_content pieces, and per tool call (by ``index``) one delta with id, type and name, then
     argument chunks.
     """
+
+    _free = "llama_vq_chat_stream_free"
 
     def __init__(self, parser: ChatParams | Mapping[str, Any]) -> None:
         err = ctypes.c_void_p()
@@ -296,14 +307,3 @@ class ChatStream:
         if not self._handle:
             raise ChatTemplateError("this chat stream is finished")
         return self._handle
-
-    def close(self) -> None:
-        if self._handle:
-            _lib().llama_vq_chat_stream_free(self._handle)
-            self._handle = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass
