@@ -11,63 +11,20 @@ log = logging.getLogger("llama_vq.server.engine")
 
 
 def load(engine: Any) -> None:
+    """Load the model and context, then wire the engine's caches, core and scheduler onto ``engine``."""
     import llama_cpp  # noqa: PLC0415 (after llama_vq bound it)
-
-    import llama_vq  # noqa: PLC0415
 
     from ..kv_store import KVStore  # noqa: PLC0415
     from .cache_policy import CachePolicy  # noqa: PLC0415
-    from .engine import Core, ModelInfo  # noqa: PLC0415
+    from .engine import Core  # noqa: PLC0415
     from .prompt_cache import RamCache  # noqa: PLC0415
     from .scheduler import Scheduler  # noqa: PLC0415
 
     s = engine.settings
     t0 = time.monotonic()
-    llm = llama_vq.Llama(
-        str(engine.model_path),
-        n_ctx=s.ctx_size,
-        n_gpu_layers=s.n_gpu_layers,
-        split_mode=s.split_mode_value,
-        main_gpu=s.main_gpu,
-        tensor_split=list(s.tensor_split) if s.tensor_split else None,
-        tensor_overrides=list(s.override_tensor) or None,
-        rpc_servers=",".join(s.rpc) or None,
-        type_k=s.cache_type_k,
-        type_v=s.cache_type_v,
-        type_k_swa=s.cache_type_k_swa,
-        type_v_swa=s.cache_type_v_swa,
-        flash_attn=s.flash_attn,
-        n_threads=s.threads,
-        n_threads_batch=s.threads,  # as llama-server's -tb: -t's value (llama_cpp's default is every CPU)
-        n_batch=s.batch_size,
-        n_ubatch=s.ubatch_size,
-        n_seq_max=s.parallel,
-        kv_unified=True,
-        swa_full=s.swa_full,
-        verbose=s.verbose,
-    )
-    try:
-        kv = llm.kv_cache_info()
-    except RuntimeError:  # recurrent / hybrid memory: no plain KV cache to report
-        kv = llama_vq.KVCacheInfo(s.cache_type_k, s.cache_type_v, 0, 0, 0)
+    llm = _open_llama(engine)
     n_swa = int(llama_cpp.llama_model_n_swa(llm.model))
-    template = str(llm.metadata.get("tokenizer.chat_template", ""))
-    engine.info = ModelInfo(
-        names=engine.names,
-        path=str(engine.model_path),
-        n_ctx=int(llama_cpp.llama_n_ctx_seq(llm.ctx)),
-        n_vocab=llm.n_vocab(),
-        cache_type_k=kv.type_k,
-        cache_type_v=kv.type_v,
-        flash_attn=bool(llm.flash_attn),
-        kv_k_bytes=kv.k_bytes,
-        kv_v_bytes=kv.v_bytes,
-        n_swa=n_swa,
-        swa_full=bool(s.swa_full),
-        n_slots=s.parallel,
-        supports_tools="tools" in template,
-        created=int(time.time()),
-    )
+    kv = _describe(engine, llm, n_swa)
     log.info(
         "model loaded in %.1f s: %s (SWA window %d, %s SWA cache)",
         time.monotonic() - t0,
@@ -95,3 +52,66 @@ def load(engine: Any) -> None:
     engine.llama = llm
     engine._core = core
     engine._sched = Scheduler(core, engine._queue, policy, observe)
+
+
+def _open_llama(engine: Any) -> Any:
+    """The llama_vq.Llama (model + one context of n_seq_max = slots, unified KV) the settings describe."""
+    import llama_vq  # noqa: PLC0415
+
+    s = engine.settings
+    return llama_vq.Llama(
+        str(engine.model_path),
+        n_ctx=s.ctx_size,
+        n_gpu_layers=s.n_gpu_layers,
+        split_mode=s.split_mode_value,
+        main_gpu=s.main_gpu,
+        tensor_split=list(s.tensor_split) if s.tensor_split else None,
+        tensor_overrides=list(s.override_tensor) or None,
+        rpc_servers=",".join(s.rpc) or None,
+        type_k=s.cache_type_k,
+        type_v=s.cache_type_v,
+        type_k_swa=s.cache_type_k_swa,
+        type_v_swa=s.cache_type_v_swa,
+        flash_attn=s.flash_attn,
+        n_threads=s.threads,
+        n_threads_batch=s.threads,  # as llama-server's -tb: -t's value (llama_cpp's default is every CPU)
+        n_batch=s.batch_size,
+        n_ubatch=s.ubatch_size,
+        n_seq_max=s.parallel,
+        kv_unified=True,
+        swa_full=s.swa_full,
+        verbose=s.verbose,
+    )
+
+
+def _describe(engine: Any, llm: Any, n_swa: int) -> Any:
+    """Set ``engine.info`` (what /health, /props and /v1/models report); return the KV cache's description."""
+    import llama_cpp  # noqa: PLC0415
+
+    import llama_vq  # noqa: PLC0415
+
+    from .engine import ModelInfo  # noqa: PLC0415
+
+    s = engine.settings
+    try:
+        kv = llm.kv_cache_info()
+    except RuntimeError:  # recurrent / hybrid memory: no plain KV cache to report
+        kv = llama_vq.KVCacheInfo(s.cache_type_k, s.cache_type_v, 0, 0, 0)
+    template = str(llm.metadata.get("tokenizer.chat_template", ""))
+    engine.info = ModelInfo(
+        names=engine.names,
+        path=str(engine.model_path),
+        n_ctx=int(llama_cpp.llama_n_ctx_seq(llm.ctx)),
+        n_vocab=llm.n_vocab(),
+        cache_type_k=kv.type_k,
+        cache_type_v=kv.type_v,
+        flash_attn=bool(llm.flash_attn),
+        kv_k_bytes=kv.k_bytes,
+        kv_v_bytes=kv.v_bytes,
+        n_swa=n_swa,
+        swa_full=bool(s.swa_full),
+        n_slots=s.parallel,
+        supports_tools="tools" in template,
+        created=int(time.time()),
+    )
+    return kv
