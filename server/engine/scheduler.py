@@ -330,8 +330,10 @@ class Scheduler:
             s.chain = s.samplers = s.watch = None
         done = DoneEvent(reason, stop_word, s.n_prompt, s.n_cached, s.n_generated, timings, error=error)
         self.core.on_done(job, done)
-        job.emit(done)
         s.pos_min = seq_pos_range(self.core.ctx, s.id)[0]  # the window moved during generation
+        # free the slot before the client hears it is done (GET /slots right after must read idle); the state
+        # file is written after, from the slot's tokens, before this worker thread can hand the slot out again
+        s.release()
+        job.emit(done)
         if save and reason in ("stop", "length") and s.n_past >= s.n_prompt:
             self.cache.save_to_disk(s)
-        s.release()
