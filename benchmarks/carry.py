@@ -5,7 +5,8 @@
 
 DEST/llama.cpp   the patched tree (tools/patches.py export), without the sources of backends a
                  CUDA or CPU build never configures (CMake only enters ggml/src/ggml-<x> when
-                 GGML_<X>=ON) and without the web UI (LLAMA_BUILD_SERVER=OFF)
+                 GGML_<X>=ON) and without the web UI's sources (llama-server
+                 builds with LLAMA_BUILD_UI=OFF)
 DEST/gguf-py     the gguf package matching the pin (tools/synth_models.py finds it via --src)
 DEST/vocab.gguf  tokenizer metadata only (SmolLM2's), for the synthetic models
 
@@ -37,7 +38,6 @@ DROP = [
     "ggml/src/ggml-webgpu",
     "ggml/src/ggml-zdnn",
     "ggml/src/ggml-zendnn",
-    "tools/ui",
     "docs",
     "media",
     "models",
@@ -65,6 +65,12 @@ def main(argv=None) -> int:
     )
     for rel in DROP:
         shutil.rmtree(tree / rel, ignore_errors=True)
+    # the web UI's sources (8 MB): only what llama-server's build enters is kept, its CMakeLists.txt and the
+    # ui.h.in / ui.cpp.in it generates from (with LLAMA_BUILD_UI=OFF and no prebuilt assets: an empty UI)
+    ui = tree / "tools" / "ui"
+    for p in ui.iterdir():
+        if p.name != "CMakeLists.txt" and p.suffix != ".in":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
     # examples/ is only entered with LLAMA_BUILD_EXAMPLES=ON, but keep the folder CMake may glob
     (tree / "examples").mkdir(exist_ok=True)
     gp = dest / "gguf-py"

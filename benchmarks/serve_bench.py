@@ -69,7 +69,9 @@ class Server:
         self._f = log.open("ab")
         self._f.write(f"$ {shlex.join(full)}\n".encode())
         self._f.flush()
-        self.proc = subprocess.Popen(full, stdout=self._f, stderr=subprocess.STDOUT)
+        # Python's fault handler in our server: stop(dump=True) gets every thread's stack into the log
+        env = dict(os.environ, PYTHONFAULTHANDLER="1")
+        self.proc = subprocess.Popen(full, stdout=self._f, stderr=subprocess.STDOUT, env=env)
         end = time.monotonic() + 600
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -82,7 +84,15 @@ class Server:
             time.sleep(0.1)
         raise TimeoutError(f"{kind} not ready; see {log}")
 
-    def stop(self) -> None:
+    def stop(self, dump: bool = False) -> None:
+        """SIGTERM; with ``dump`` (requests failed) SIGABRT first, which makes our server write the stacks of
+        all its threads into its log (llama-server just exits)."""
+        if dump and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -112,7 +122,7 @@ def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list
         *extra,
     ]
     if kind == "ours":
-        return [sys.executable, "-m", "server.cli", *common, "--log-level", "warning"]
+        return [args.python or sys.executable, "-m", "server.cli", *common, "--log-level", "warning"]
     return [str(args.llama_server), *common, "--no-webui"]
 
 
@@ -130,6 +140,9 @@ PROMPTS = [
 ]
 
 
+REQUEST_TIMEOUT = 600.0  # seconds without a byte before a request counts as failed (--request-timeout)
+
+
 def one_stream(url: str, prompt: str, max_tokens: int) -> dict[str, float]:
     body = {
         "prompt": prompt,
@@ -141,7 +154,7 @@ def one_stream(url: str, prompt: str, max_tokens: int) -> dict[str, float]:
     t0 = time.monotonic()
     ttft = None
     n = 0
-    with httpx.Client(timeout=600) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
+    with httpx.Client(timeout=REQUEST_TIMEOUT) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: {"):
@@ -164,16 +177,25 @@ def run_clients(url: str, clients: int, requests: int, max_tokens: int) -> dict[
     ]
     t0 = time.monotonic()
 
-    def client(c: int) -> list[dict[str, float]]:
-        return [one_stream(url, *jobs[c * requests + i]) for i in range(requests)]
+    def client(c: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i in range(requests):
+            try:
+                out.append(one_stream(url, *jobs[c * requests + i]))
+            except Exception as e:  # noqa: BLE001 (a stalled or failed request is counted, not fatal)
+                out.append({"error": f"{type(e).__name__}: {e}"})
+        return out
 
     with cf.ThreadPoolExecutor(clients) as pool:
-        results = [r for rs in pool.map(client, range(clients)) for r in rs]
+        every = [r for rs in pool.map(client, range(clients)) for r in rs]
     wall = time.monotonic() - t0
+    results = [r for r in every if "error" not in r] or [{"ttft": float("nan"), "tokens": 0}]
     ttfts = sorted(r["ttft"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     return {
         "clients": clients,
+        "failed": len(every) - sum("error" not in r for r in every),
+        "errors": sorted({r["error"] for r in every if "error" in r})[:3],
         "requests": len(results),
         "tokens": tokens,
         "wall_s": wall,
@@ -195,12 +217,13 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
                 row = {"server": kind, **run_clients(srv.url, n, args.requests, args.max_tokens)}
                 print(
                     f"[throughput] {kind:12s} clients {n}: {row['tok_s']:.1f} tok/s, TTFT p50 "
-                    f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms",
+                    f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms"
+                    + (f", {row['failed']} FAILED: {row['errors']}" if row["failed"] else ""),
                     flush=True,
                 )
                 out["rows"].append(row)
         finally:
-            srv.stop()
+            srv.stop(dump=any(r.get("failed") for r in out["rows"] if r["server"] == kind))
     return out
 
 
@@ -211,8 +234,13 @@ SYSTEM = "You are a coding agent. Tools: read_file(path), write_file(path, conte
 )
 
 
-def _force_long(n_chars: int) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "string", "minLength": n_chars}}}
+def _force_long(n_tokens: int) -> dict[str, Any]:
+    """A schema no answer of n_tokens tokens can complete, so that max_tokens ends every answer. llama.cpp's
+    grammar parser refuses repetition counts over 2000 (a string of minLength 6000 is a 400), so: n_tokens
+    strings of at least 100 characters each."""
+    item = {"type": "string", "minLength": 100}
+    schema = {"type": "array", "items": item, "minItems": min(n_tokens, 1900)}
+    return {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
 
 
 def agent_turn(url: str, messages: list[dict[str, Any]], think_tokens: int) -> dict[str, Any]:
@@ -220,10 +248,11 @@ def agent_turn(url: str, messages: list[dict[str, Any]], think_tokens: int) -> d
         "messages": messages,
         "max_tokens": think_tokens,
         "temperature": 0,
-        "response_format": _force_long(20 * think_tokens),
+        "response_format": _force_long(think_tokens),
     }
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=1800)
-    r.raise_for_status()
+    if r.status_code != 200:
+        raise RuntimeError(f"chat completion failed: HTTP {r.status_code}: {r.text[:2000]}")
     j = r.json()
     u = j["usage"]
     cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
@@ -236,7 +265,12 @@ def _rerendered_assistant(turn: int) -> dict[str, Any]:
     """What an agent client sends back for its last turn: thinking stripped, the tool call's
     arguments re-serialized (compact JSON, keys sorted), never the generated text."""
     args = {"path": f"src/module_{turn}.py", "lines": [1, 80]}
-    return {"role": "assistant", "content": f"read_file {json.dumps(args, sort_keys=True, separators=(',', ':'))}"}
+    call = {
+        "id": f"call_{turn}",
+        "type": "function",
+        "function": {"name": "read_file", "arguments": json.dumps(args, sort_keys=True, separators=(",", ":"))},
+    }
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
 def _tool_result(turn: int) -> str:
@@ -283,7 +317,7 @@ def cmd_agent(args: argparse.Namespace) -> dict[str, Any]:
                 out["turns"].append(r)
                 messages += [
                     _rerendered_assistant(turn),
-                    {"role": "tool", "content": _tool_result(turn)},
+                    {"role": "tool", "tool_call_id": f"call_{turn}", "content": _tool_result(turn)},
                     {"role": "user", "content": f"Step {turn} done. Continue with the next file."},
                 ]
         finally:
@@ -380,10 +414,13 @@ def cmd_build(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(res: dict[str, Any]) -> str:
     lines = []
     if res.get("rows"):
-        lines += ["| server | clients | tok/s | TTFT p50 ms | TTFT p99 ms | requests |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| server | clients | tok/s | TTFT p50 ms | TTFT p99 ms | requests | failed |",
+            "|---|---|---|---|---|---|---|",
+        ]
         lines += [
             f"| {r['server']} | {r['clients']} | {r['tok_s']:.1f} | {r['ttft_p50_s'] * 1e3:.0f} | "
-            f"{r['ttft_p99_s'] * 1e3:.0f} | {r['requests']} |"
+            f"{r['ttft_p99_s'] * 1e3:.0f} | {r['requests']} | {r.get('failed', 0)} |"
             for r in res["rows"]
         ]
     if res.get("turns"):
@@ -416,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--ctv", default="q4_0")
         q.add_argument("--fa", default="off")
         q.add_argument("--extra", default="", help="more flags for both servers, e.g. '-ngl 999'")
+        q.add_argument("--python", help="the interpreter that runs llama-vq-server (default: this one)")
+        q.add_argument("--request-timeout", type=float, default=600.0, help="seconds without a byte: failed")
     t = sub.choices["throughput"]
     t.add_argument("--clients", default="1,2,4,8")
     t.add_argument("--requests", type=int, default=3, help="per client")
@@ -434,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    global REQUEST_TIMEOUT
+    REQUEST_TIMEOUT = args.request_timeout
     res = {
         "command": shlex.join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

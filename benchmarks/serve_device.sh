@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Issue 10 item 5, the GPU half, in one call on a CUDA machine with no network: llama-vq-server against llama.cpp's
+# own llama-server, both built here from the same patched tree (CUDA, FA kernels off), on the MiMo-shaped
+# synthetic model (tools/synth_models.py mimo --preset attn), -ngl 999, q8_0 K / q4_0 V, FA off:
+#   1. throughput at 1/2/4/8 streaming clients, both servers with the same flags (-np 8; llama-server then splits
+#      its cache into 8 streams, ours is unified), optionally llama-server with its cache unified too;
+#   2. the agent replay (12 turns, restart before 7) on both.
+# Here, once:
+#   python3 benchmarks/carry.py .stage/carry --tokenizer-from <SmolLM2 GGUF>     # patched tree, gguf-py, vocab
+#   .venv/bin/python benchmarks/pack_python.py .stage/py.tar.xz                  # the server's Python (~21 MB)
+# There (carry .stage):  CARRY=.stage/carry OUT=<results> bash benchmarks/serve_device.sh
+# Env: CLIENTS (1,2,4,8), REQUESTS (3 per client), MAX_TOKENS (128), UNIFIED=1 (also the unified llama-server run),
+# DEADLINE (s after the start; later runs start only before it, default 420), TURNS (12), RESTART_AT (7),
+# AGENT_BUDGET (s, 150). A request without a byte for 45 s counts as failed; our server's thread stacks then go
+# into ours.log.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CARRY=${CARRY:-$here/.stage/carry}
+. "$here/benchmarks/device_common.sh"
+t0=$(date +%s)
+log() { echo "[serve $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/serve.txt"; }
+gen mimo mimo --preset attn
+
+# the server's Python (3.11 + its packages, packed here; the machine's own Python lacks pydantic-core)
+tar xJf "$(dirname "$C")/py.tar.xz" -C /tmp || exit 1
+PY=/tmp/py/bin/python3
+export LD_LIBRARY_PATH=/tmp/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=$here
+
+# one build of our CMake project from the carried tree: llama_vq/lib (in place) and llama-server
+B=/tmp/serve-build
+log "build (CUDA sm_90, FA kernels off)"
+cmake -S "$here" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC="$C/llama.cpp" \
+    -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_CUDA_FA=OFF \
+    -DLLAMA_VQ_BUILD_TOOLS=ON -DLLAMA_VQ_BUILD_SERVER=ON -DPython3_EXECUTABLE="$PY" > "$OUT/build.log" 2>&1 \
+    && cmake --build "$B" -j "$(nproc)" --target llama ggml ggml-base ggml-cpu ggml-cuda llama-common llama-vq-chat \
+        llama-server >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+mkdir -p "$here/llama_vq/lib"
+find "$B" -name 'lib*.so' -not -path '*/CMakeFiles/*' -exec cp -L {} "$here/llama_vq/lib/" \;
+cp "$B/_build_config.json" "$here/llama_vq/"
+log "built: $(ls "$here/llama_vq/lib" | tr '\n' ' ')"
+"$PY" -c "import llama_vq; print(llama_vq.build_info())" | tee -a "$OUT/serve.txt" || exit 1
+wait_model mimo
+model=$M/synth-mimo.gguf
+srv=$B/bin/llama-server
+common=(--model "$model" --llama-server "$srv" --python "$PY" --extra '-ngl 999' --threads 8)
+export PYTHONUNBUFFERED=1
+
+late() { [ $(( $(date +%s) - t0 )) -gt "$1" ]; }
+log "throughput (both servers -np 8; llama-server splits its cache into 8 streams, ours is unified)"
+python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out /tmp/sb/split --request-timeout 45 \
+    --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep -v '^|' \
+    | tee -a "$OUT/serve.txt"
+if [ -n "${UNIFIED:-}" ] && ! late "${DEADLINE:-420}"; then
+    log "throughput, llama-server with LLAMA_ARG_KV_UNIFIED=1"
+    LLAMA_ARG_KV_UNIFIED=1 python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out /tmp/sb/unified \
+        --request-timeout 45 --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" \
+        --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep -v '^|' | tee -a "$OUT/serve.txt"
+fi
+if ! late "${DEADLINE:-420}"; then
+    log "agent replay (ours, then llama-server; turns ${TURNS:-12}, restart before ${RESTART_AT:-7})"
+    timeout $(( ${AGENT_BUDGET:-150} )) python3 "$here/benchmarks/serve_bench.py" agent "${common[@]}" --out /tmp/sb/agent \
+        --state-dir /tmp/agent-state --turns "${TURNS:-12}" --restart-at "${RESTART_AT:-7}" 2>&1 | grep -v '^|' \
+        | tee -a "$OUT/serve.txt"
+else
+    log "agent replay skipped (deadline)"
+fi
+# at most 8 files come back: the tables and logs in serve.txt, the records as JSON, the servers' log tails
+for d in split unified agent; do
+    for f in /tmp/sb/$d/*.md; do [ -f "$f" ] && { echo "== $d: $(basename "$f")"; cat "$f"; } >> "$OUT/serve.txt"; done
+    for f in /tmp/sb/$d/*.json; do [ -f "$f" ] && cp "$f" "$OUT/$d-$(basename "$f")"; done
+done
+tail -c 100000 /tmp/sb/split/ours.log > "$OUT/ours.log" 2>/dev/null
+tail -c 30000 /tmp/sb/agent/agent-ours.log > "$OUT/agent-ours.log" 2>/dev/null
+tail -c 100000 /tmp/sb/split/llama-server.log > "$OUT/llama-server.log" 2>/dev/null
+log done
