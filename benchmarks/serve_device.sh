@@ -11,8 +11,8 @@
 # There (carry .stage):  CARRY=.stage/carry OUT=<results> bash benchmarks/serve_device.sh
 # Env: CLIENTS (1,2,4,8), REQUESTS (3 per client), MAX_TOKENS (128), UNIFIED=1 (also the unified llama-server run),
 # DEADLINE (s after the start; later runs start only before it, default 420), TURNS (12), RESTART_AT (7),
-# AGENT_BUDGET (s, 150). A request without a byte for 45 s counts as failed; our server's thread stacks then go
-# into ours.log.
+# AGENT_BUDGET (s, 150). A request not done in 45 s counts as failed; our server's /slots (twice, 2 s apart) and
+# thread stacks then go into ours.log.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
