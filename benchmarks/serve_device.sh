@@ -11,9 +11,10 @@
 # There (carry .stage):  CARRY=.stage/carry OUT=<results> bash benchmarks/serve_device.sh
 # Env: CLIENTS (1,2,4,8), REQUESTS (3 per client), MAX_TOKENS (128), UNIFIED=1 (also the unified llama-server run),
 # DEADLINE (s after the start; later runs start only before it, default 420), TURNS (12), RESTART_AT (7),
-# AGENT_BUDGET (s, 150), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server). A request not done in
-# REQUEST_TIMEOUT s counts as failed; our server's /slots (twice, 2 s apart) and thread stacks then go into ours.log,
-# the GPU's utilization during the throughput runs into gpu.csv.
+# AGENT_BUDGET (s, 150), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server), EXTRA (more server flags, e.g.
+# '--cache-ram 0' or '--swa-full'). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots
+# (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the throughput runs into
+# gpu.csv.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
@@ -44,7 +45,7 @@ log "built: $(ls "$here/llama_vq/lib" | tr '\n' ' ')"
 wait_model mimo
 model=$M/synth-mimo.gguf
 srv=$B/bin/llama-server
-common=(--model "$model" --python "$PY" --extra '-ngl 999' --threads 8)
+common=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads 8)
 [ -n "${ONLY_OURS:-}" ] || common+=(--llama-server "$srv")
 rt=${REQUEST_TIMEOUT:-45}
 export PYTHONUNBUFFERED=1
