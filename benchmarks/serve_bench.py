@@ -39,6 +39,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
+        self._snap_lock = threading.Lock()
+        self._snapped = False
         full = [*cmd, "--host", "127.0.0.1", "--port", str(self.port)]
         self._f = log.open("ab")
         self._f.write(f"$ {shlex.join(full)}\n".encode())
@@ -84,10 +87,31 @@ class Server:
             time.sleep(0.1)
         raise TimeoutError(f"{kind} not ready; see {log}")
 
+    def snapshot(self) -> None:
+        """Into the log, once: GET /slots twice, 2 s apart (does anything still move?), and the decode counters."""
+        with self._snap_lock:
+            if self._snapped:
+                return
+            self._snapped = True
+        for i in range(2):
+            try:
+                slots = httpx.get(self.url + "/slots", timeout=5).text
+                metrics = httpx.get(self.url + "/metrics", timeout=5).text
+            except httpx.HTTPError as e:
+                slots, metrics = f"{type(e).__name__}: {e}", ""
+            names = ("n_decode_total", "tokens_predicted_total", "requests_processing", "requests_deferred")
+            keep = [m for m in metrics.splitlines() if m.startswith(tuple("llamacpp:" + n for n in names))]
+            text = "\n".join([f"--- snapshot {i} at {time.strftime('%H:%M:%S')}: /slots {slots}", *keep, ""])
+            self._f.write(text.encode())
+            self._f.flush()
+            if i == 0:
+                time.sleep(2)
+
     def stop(self, dump: bool = False) -> None:
         """SIGTERM; with ``dump`` (requests failed) SIGABRT first, which makes our server write the stacks of
         all its threads into its log (llama-server just exits)."""
         if dump and self.proc.poll() is None:
+            self.snapshot()
             self.proc.send_signal(signal.SIGABRT)
             try:
                 self.proc.wait(10)
@@ -140,7 +164,10 @@ PROMPTS = [
 ]
 
 
-REQUEST_TIMEOUT = 600.0  # seconds without a byte before a request counts as failed (--request-timeout)
+# seconds a request may take before it counts as failed (--request-timeout): its total time, not only the time
+# without a byte, since our server sends `: keepalive` every 5 s while a request makes no progress
+REQUEST_TIMEOUT = 600.0
+ON_STALL: Any = lambda: None  # the server's snapshot, called by the first request over REQUEST_TIMEOUT
 
 
 def one_stream(url: str, prompt: str, max_tokens: int) -> dict[str, float]:
@@ -154,11 +181,19 @@ def one_stream(url: str, prompt: str, max_tokens: int) -> dict[str, float]:
     t0 = time.monotonic()
     ttft = None
     n = 0
+    chunks = keepalives = 0
     with httpx.Client(timeout=REQUEST_TIMEOUT) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
+            if time.monotonic() - t0 > REQUEST_TIMEOUT:
+                ON_STALL()  # while this stream is still open: a closed one is cancelled by the server
+                raise TimeoutError(
+                    f"not done after {REQUEST_TIMEOUT:.0f} s: {chunks} data chunks, {keepalives} keepalives"
+                )
+            keepalives += line.startswith(": keepalive")
             if not line.startswith("data: {"):
                 continue
+            chunks += 1
             ev = json.loads(line[6:])
             if ttft is None and any(ch.get("text") for ch in ev.get("choices") or []):
                 ttft = time.monotonic() - t0
@@ -211,6 +246,8 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": []}
     for kind in kinds:
         srv = Server(kind, server_cmd(kind, args, max(counts), shlex.split(args.extra)), args.out / f"{kind}.log")
+        global ON_STALL
+        ON_STALL = srv.snapshot if kind == "ours" else (lambda: None)
         try:
             one_stream(srv.url, PROMPTS[0], 4)  # warm-up
             for n in counts:
@@ -454,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--fa", default="off")
         q.add_argument("--extra", default="", help="more flags for both servers, e.g. '-ngl 999'")
         q.add_argument("--python", help="the interpreter that runs llama-vq-server (default: this one)")
-        q.add_argument("--request-timeout", type=float, default=600.0, help="seconds without a byte: failed")
+        q.add_argument("--request-timeout", type=float, default=600.0, help="seconds a request may take: failed")
     t = sub.choices["throughput"]
     t.add_argument("--clients", default="1,2,4,8")
     t.add_argument("--requests", type=int, default=3, help="per client")

@@ -11,8 +11,10 @@
 # There (carry .stage):  CARRY=.stage/carry OUT=<results> bash benchmarks/serve_device.sh
 # Env: CLIENTS (1,2,4,8), REQUESTS (3 per client), MAX_TOKENS (128), UNIFIED=1 (also the unified llama-server run),
 # DEADLINE (s after the start; later runs start only before it, default 420), TURNS (12), RESTART_AT (7),
-# AGENT_BUDGET (s, 150). A request without a byte for 45 s counts as failed; our server's thread stacks then go
-# into ours.log.
+# AGENT_BUDGET (s, 150), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server), EXTRA (more server flags, e.g.
+# '--cache-ram 0' or '--swa-full'). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots
+# (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the throughput runs into
+# gpu.csv.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
@@ -43,18 +45,24 @@ log "built: $(ls "$here/llama_vq/lib" | tr '\n' ' ')"
 wait_model mimo
 model=$M/synth-mimo.gguf
 srv=$B/bin/llama-server
-common=(--model "$model" --llama-server "$srv" --python "$PY" --extra '-ngl 999' --threads 8)
+common=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads 8)
+[ -n "${ONLY_OURS:-}" ] || common+=(--llama-server "$srv")
+rt=${REQUEST_TIMEOUT:-45}
 export PYTHONUNBUFFERED=1
 
 late() { [ $(( $(date +%s) - t0 )) -gt "$1" ]; }
 log "throughput (both servers -np 8; llama-server splits its cache into 8 streams, ours is unified)"
-python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out /tmp/sb/split --request-timeout 45 \
+# the GPU's utilization and memory once a second while it runs: busy at a stall means kernels, idle means the host
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$OUT/gpu.csv" 2>&1 &
+smi=$!
+python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out /tmp/sb/split --request-timeout "$rt" \
     --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep -v '^|' \
     | tee -a "$OUT/serve.txt"
+kill "$smi" 2>/dev/null
 if [ -n "${UNIFIED:-}" ] && ! late "${DEADLINE:-420}"; then
     log "throughput, llama-server with LLAMA_ARG_KV_UNIFIED=1"
     LLAMA_ARG_KV_UNIFIED=1 python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out /tmp/sb/unified \
-        --request-timeout 45 --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" \
+        --request-timeout "$rt" --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" \
         --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep -v '^|' | tee -a "$OUT/serve.txt"
 fi
 if ! late "${DEADLINE:-420}"; then

@@ -138,3 +138,34 @@ def test_state_file_checkpoints_serve_a_diverging_prompt_after_a_restart(mimo, t
         assert ids == ref_ids
     finally:
         e.shutdown()
+
+
+def test_idle_slot_whose_window_cells_another_sequence_reused_is_not_cut_back_without_them(mimo):
+    """In the windowed SWA cache a decode may take the cells of another sequence that have left its
+    window (llama.cpp's find_slot), which moves that sequence's oldest position. An idle slot's prefix
+    is usable only if its window is still there: the slot must judge by llama.cpp's position, not by the
+    one it noted when its request ended (that prefix was reused without its window: other tokens)."""
+    import llama_cpp
+
+    # -np 2 -ub 32: 32 * 2 + 32 cells, padded to 256; the second request wraps around them
+    e = start_engine(mimo, "-c", "2048", "-np", "2", "-b", "64", "-ub", "32", "--cache-ram", "64")
+    try:
+        mem = llama_cpp.llama_get_memory(e._core.ctx)
+        a = e.tokenize(TEXT.split(". ")[0] + ".")
+        _, _, first = run_one(e, greedy(a, 40, ignore_eos=True))  # slot 0: positions 0 .. len(a) + 38
+        slot = next(s for s in e._sched.slots if s.n_past > 0)
+        assert llama_cpp.llama_memory_seq_pos_min(mem, slot.id) == 0
+        b = e.tokenize("Something unrelated entirely: a list of rivers, mountains and lakes of the world.")
+        run_one(e, greedy(b, 200, ignore_eos=True, cache_prompt=False))  # the other slot, 200+ cells
+        k = 12
+        pos_min = llama_cpp.llama_memory_seq_pos_min(mem, slot.id)
+        assert pos_min >= k, pos_min  # the first k positions of slot 0's window cells were taken
+        c = a[:k] + e.tokenize(" and nothing else happened in that year at all.", add_special=False)
+        ids, _, done = run_one(e, greedy(c, 16, ignore_eos=True))
+        # no checkpoint at or before k tokens (slot 0's is at len(a) - 4): recomputed from the start
+        assert done.cached_tokens == 0
+        ref_ids, _, ref = run_one(e, greedy(c, 16, ignore_eos=True, cache_prompt=False))
+        assert ref.cached_tokens == 0
+        assert ids == ref_ids
+    finally:
+        e.shutdown()

@@ -107,6 +107,9 @@ class Scheduler:
         prompt = np.asarray(req.prompt, dtype=np.int32)
         smp = build_samplers(core.vocab, core.n_vocab, core.n_ctx, req.sampling, req.grammar)  # may raise
         chain = smp.chain
+        for s in self.slots:  # a decode may have taken the window-masked SWA cells of an idle sequence
+            if not s.busy:
+                s.pos_min = seq_pos_range(core.ctx, s.id)[0]
         if req.cache_prompt:
             slot, use = choose_slot(self.slots, prompt, core.n_swa_eff)
         else:

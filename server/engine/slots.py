@@ -23,7 +23,9 @@ class Slot:
     id: int
     tokens: list[int] = field(default_factory=list)  # prompt + accepted generated tokens
     n_past: int = 0  # how many of ``tokens`` are in the KV cache
-    pos_min: int = -1  # oldest cached position of this sequence (SWA window), -1 when empty
+    # oldest cached position of this sequence (SWA window), -1 when empty; read again from llama.cpp before a
+    # request is placed: another sequence's decode may reuse this one's cells that left its window
+    pos_min: int = -1
     checkpoints: list[Checkpoint] = field(default_factory=list)
     last_used: float = 0.0
     # the running request
