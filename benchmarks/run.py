@@ -178,6 +178,7 @@ def build_tools(
     cuda_fa: bool,
     targets: list[str],
     log: Path,
+    cpu_simd: str = "avx2",
 ) -> Path:
     """Export the patched tree (unless --src), configure, build the tools; return the bin dir."""
     if src is None:
@@ -210,6 +211,10 @@ def build_tools(
         # portable x86-64 with AVX2/FMA/F16C, never -march=native
         # (AMX trap on CI Xeons: docs/architecture.md, decision 3)
         args += ["-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
+        if cpu_simd == "avx512":  # the AVX-512 class's own kernels (VNNI int8 dots), still no AMX
+            args += ["-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_BF16=ON"]
+        else:
+            args += ["-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_BF16=OFF"]
     elif backend == "cuda":
         args += [
             "-DGGML_CUDA=ON",
@@ -251,6 +256,8 @@ def build_tools(
                 sys.stdout.write("".join(log.read_text(errors="replace").splitlines(True)[-40:]))
                 raise SystemExit(f"build failed: {shlex.join(cmd)}")
     BUILT_FROM["build_s"] = round(time.time() - t0)
+    if backend == "cpu":
+        BUILT_FROM["cpu_simd"] = cpu_simd
     print(f"[bench] build took {BUILT_FROM['build_s']} s", flush=True)
     return build_dir / "build" / "bin"
 
@@ -483,7 +490,14 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="an exported patched llama.cpp tree (default: tools/patches.py export)",
     )
-    ap.add_argument("--build-dir", type=Path, help="build folder (default: build/bench-<backend>)")
+    ap.add_argument("--build-dir", type=Path, help="build folder (default: build/bench-<backend>[-avx512])")
+    ap.add_argument(
+        "--cpu-simd",
+        choices=["avx2", "avx512"],
+        default="avx2",
+        help="x86 SIMD level of a cpu build: avx2 (default: portable, what both CI classes run) or avx512 "
+        "(AVX-512 + VNNI kernels, for an AVX-512 machine)",
+    )
     ap.add_argument("--jobs", type=int, help="build jobs (default: 2 on cpu, all cores on cuda)")
     ap.add_argument("--targets", default=",".join(TARGETS), help="tools to build")
     ap.add_argument(
@@ -581,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
             current = _series_digest()
             BUILT_FROM["series_matches_current"] = series_stamp.read_text().strip() == current
     else:
-        build_dir = a.build_dir or (REPO / "build" / f"bench-{a.backend}")
+        suffix = "-avx512" if cpu and a.cpu_simd == "avx512" else ""
+        build_dir = a.build_dir or (REPO / "build" / f"bench-{a.backend}{suffix}")
         jobs = a.jobs or (2 if cpu else (os.cpu_count() or 4))
         bin_dir = build_tools(
             a.backend,
@@ -591,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
             a.cuda_fa == "on",
             a.targets.split(","),
             out / "build.log",
+            a.cpu_simd,
         )
     bench = bin_dir / "llama-bench"
     if not bench.exists():
