@@ -11,12 +11,10 @@ CPU cost: ~10 s on 2 cores.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from script_support import run_script
 
 SCRIPT = r"""
 import hashlib, sys
@@ -41,20 +39,8 @@ print(h.hexdigest())
 
 
 def _logits_digest(model: Path, type_k: str, n_tok: int, enabled: bool) -> str:
-    import llama_vq
-
-    env = dict(os.environ, LLAMA_VQ_CPU_KQ_SHORT="1" if enabled else "0")
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(llama_vq.__file__).parent.parent), env.get("PYTHONPATH", "")])
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(model), type_k, str(n_tok)],
-        env=env,
-        cwd=model.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout.strip().splitlines()[-1]
+    env = {"LLAMA_VQ_CPU_KQ_SHORT": "1" if enabled else "0"}
+    return run_script(SCRIPT, [str(model), type_k, str(n_tok)], env, model.parent)
 
 
 @pytest.mark.parametrize("type_k", ["q4_0", "q8_0"])

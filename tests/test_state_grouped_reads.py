@@ -13,12 +13,10 @@ CPU cost: a few small decodes per case, ~10 s on 2 cores.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from script_support import run_script
 
 SCRIPT = r"""
 import ctypes, hashlib, json, sys
@@ -71,21 +69,7 @@ print(json.dumps(out))
 
 
 def _run(model: Path, type_v: str, coalesce: str) -> dict:
-    # the same llama_vq as this process (installed or checkout), its library path as this process set it
-    import llama_vq
-
-    env = dict(os.environ, LLAMA_VQ_STATE_COALESCE=coalesce)
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(llama_vq.__file__).parent.parent), env.get("PYTHONPATH", "")])
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(model), type_v],
-        env=env,
-        cwd=model.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(run_script(SCRIPT, [str(model), type_v], {"LLAMA_VQ_STATE_COALESCE": coalesce}, model.parent))
 
 
 @pytest.mark.parametrize("type_v", ["q4_0", "f16"])
