@@ -56,19 +56,19 @@ log "throughput (both servers -np 8; llama-server splits its cache into 8 stream
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$OUT/gpu.csv" 2>&1 &
 smi=$!
 python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out /tmp/sb/split --request-timeout "$rt" \
-    --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep -v '^|' \
+    --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep --line-buffered -v '^|' \
     | tee -a "$OUT/serve.txt"
 kill "$smi" 2>/dev/null
 if [ -n "${UNIFIED:-}" ] && ! late "${DEADLINE:-420}"; then
     log "throughput, llama-server with LLAMA_ARG_KV_UNIFIED=1"
     LLAMA_ARG_KV_UNIFIED=1 python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out /tmp/sb/unified \
         --request-timeout "$rt" --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" \
-        --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep -v '^|' | tee -a "$OUT/serve.txt"
+        --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep --line-buffered -v '^|' | tee -a "$OUT/serve.txt"
 fi
 if ! late "${DEADLINE:-420}"; then
     log "agent replay (ours, then llama-server; turns ${TURNS:-12}, restart before ${RESTART_AT:-7})"
     timeout $(( ${AGENT_BUDGET:-150} )) python3 "$here/benchmarks/serve_bench.py" agent "${common[@]}" --out /tmp/sb/agent \
-        --state-dir /tmp/agent-state --turns "${TURNS:-12}" --restart-at "${RESTART_AT:-7}" 2>&1 | grep -v '^|' \
+        --state-dir /tmp/agent-state --turns "${TURNS:-12}" --restart-at "${RESTART_AT:-7}" 2>&1 | grep --line-buffered -v '^|' \
         | tee -a "$OUT/serve.txt"
 else
     log "agent replay skipped (deadline)"
