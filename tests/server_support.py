@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,24 @@ class ServerProcess:
 
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+@contextmanager
+def running(model: Path, *args: str, **kw: Any) -> Iterator[ServerProcess]:
+    """A started and ready server for a fixture's lifetime; stopped after, also when the start fails."""
+    s = ServerProcess(model, *args, **kw)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def openai_client(srv: ServerProcess) -> Any:
+    """The openai client on ``srv``'s /v1, without retries (a retry would hide a failed request)."""
+    import openai
+
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="not-needed", max_retries=0, timeout=120)
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -11,7 +11,7 @@ import json
 import httpx
 import openai
 import pytest
-from server_support import ServerProcess, parse_metrics, sse_events
+from server_support import openai_client, parse_metrics, running, sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -20,26 +20,14 @@ CHAT = [{"role": "user", "content": "Name three colors."}]
 
 @pytest.fixture(scope="module")
 def srv(smollm2_path, tmp_path_factory):
-    s = ServerProcess(
-        smollm2_path,
-        "--alias",
-        "smol,smollm2",
-        "--max-queue",
-        "8",
-        "--max-body-size",
-        "1M",
-        log_dir=tmp_path_factory.mktemp("api"),
-    )
-    try:
-        s.wait_ready()
+    flags = ("--alias", "smol,smollm2", "--max-queue", "8", "--max-body-size", "1M")
+    with running(smollm2_path, *flags, log_dir=tmp_path_factory.mktemp("api")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
 def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="not-needed", max_retries=0, timeout=120)
+    return openai_client(srv)
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 from conftest import ROOT
-from server_support import ServerProcess, sse_events
+from server_support import openai_client, running, sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -68,18 +67,14 @@ def satisfies(schema: dict, args: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def srv(smollm2_path, tmp_path_factory):
-    s = ServerProcess(smollm2_path, "--alias", "smol", "--chat-template-file", str(QWEN3), "--sse-keepalive", "0.02",
-                      "-ub", "16", "-b", "16", log_dir=tmp_path_factory.mktemp("tools"))
-    try:
-        s.wait_ready()
+    with running(smollm2_path, "--alias", "smol", "--chat-template-file", str(QWEN3), "--sse-keepalive", "0.02",
+                 "-ub", "16", "-b", "16", log_dir=tmp_path_factory.mktemp("tools")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
 def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    return openai_client(srv)
 
 
 def _create(client, **kw):
