@@ -6,7 +6,10 @@ transposed); 0021 reads groups of ranges as one copy of their span. On the CPU t
 LLAMA_VQ_STATE_COALESCE=1, which these tests set in one process and compare with =0 (upstream's per-range
 reads) in another: row-major quantized V, transposed f16 V, and the iSWA cache of the MiMo-shaped model (full
 state and the SWA-only partial state the server's checkpoints use). Then the grouped state is loaded into
-another sequence and decodes the same next-token logits as the sequence it came from.
+another sequence and decodes the next token as the sequence it came from: the same greedy token, and logits
+within 1% of the distance to a different sequence's logits measured in the same batch. Not exactly equal: the
+loaded sequence's cells sit elsewhere in the cache, which regroups the attention's float sums (0.005 apart on
+the MiMo-shaped model with the AVX2 kernels, 0 with AVX-512).
 CPU cost: a few small decodes per case, ~10 s on 2 cores.
 """
 
@@ -60,10 +63,11 @@ if llama_cpp.llama_model_n_swa(llm.model) > 0:
 # the state loaded into an empty sequence continues as the original does
 buf = (ctypes.c_uint8 * len(full)).from_buffer_copy(full)
 assert llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(full), 3, 0) == len(full)
-decode([(7, 40, 1, True), (7, 40, 3, True)])
-a = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, 0), shape=(n_vocab,)).copy()
-b = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, 1), shape=(n_vocab,)).copy()
+decode([(7, 40, 1, True), (7, 40, 3, True), (7, 40, 0, True)])
+a, b, c = (np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy() for i in range(3))
 out["max_logit_diff"] = float(np.abs(a - b).max())
+out["same_argmax"] = bool(np.argmax(a) == np.argmax(b))
+out["other_seq_diff"] = float(np.abs(a - c).max())  # how far a different sequence's logits are
 print(json.dumps(out))
 """
 
@@ -72,17 +76,21 @@ def _run(model: Path, type_v: str, coalesce: str) -> dict:
     return json.loads(run_script(SCRIPT, [str(model), type_v], {"LLAMA_VQ_STATE_COALESCE": coalesce}, model.parent))
 
 
+def _assert_restored_decodes_alike(r: dict) -> None:
+    assert r["same_argmax"]
+    assert r["max_logit_diff"] <= 0.01 * r["other_seq_diff"], r
+
+
 @pytest.mark.parametrize("type_v", ["q4_0", "f16"])
 def test_grouped_reads_give_the_same_state_smollm2(smollm2_path, type_v):
     grouped, per_range = _run(smollm2_path, type_v, "1"), _run(smollm2_path, type_v, "0")
     assert grouped["n"] == per_range["n"] > 0
     assert grouped["full"] == per_range["full"]
-    # same cells, same computation: a restored sequence decodes the same logits
-    assert grouped["max_logit_diff"] == 0.0
+    _assert_restored_decodes_alike(grouped)
 
 
 def test_grouped_reads_give_the_same_state_iswa(mimo_path):
     grouped, per_range = _run(mimo_path, "q4_0", "1"), _run(mimo_path, "q4_0", "0")
     assert grouped["full"] == per_range["full"]
     assert grouped["partial"] == per_range["partial"]
-    assert grouped["max_logit_diff"] == 0.0
+    _assert_restored_decodes_alike(grouped)
