@@ -149,7 +149,7 @@ class CachePolicy:
             store.touch(existing)
             return
         data = get_state(self.core.ctx, slot.id)
-        if not data:
+        if len(data) == 0:
             log.warning("llama.cpp returned no KV state for %d tokens; not saved", n)
             return
         pos_min = seq_pos_range(self.core.ctx, slot.id)[0]

@@ -10,20 +10,35 @@ that diverges inside the window restores the newest checkpoint before the diverg
 attention layers are cut back with ``llama_memory_seq_rm``.
 
 A ``SavedState`` (a whole sequence: full state + its checkpoints) lives in RAM or in a file; both carry
-a sha256 of their bytes and the engine's identity (model, cache types, flash attention, build, K/V
-rotation), and are refused, never loaded, when either does not match.
+a checksum of their bytes and the engine's identity (model, cache types, flash attention, build, K/V
+rotation), and are refused, never loaded, when either does not match. Files carry a sha256
+(kv_store.py); RAM entries a CRC-32, computed off the batch loop (a background thread) when the entry
+is stored and checked before it is loaded: it guards against damage in memory, not against an attacker,
+and storing must not stall every slot (a sha256 of a 28 MiB state is ~15 ms, a CRC-32 ~4 ms).
+
+State bytes are numpy uint8 arrays (file-loaded ones may be ``bytes``) over their own anonymous mapping,
+faulted in by the kernel in one go (MAP_POPULATE), which llama.cpp then writes once: no zero-fill, no
+second copy. The batch loop takes a state when it admits a request over a slot (the RAM cache's stash)
+and at each prompt's end (an SWA checkpoint), every slot waiting meanwhile. Measured in the engine's
+process on this project's CPU VM (48-layer MiMo-shaped model, 28 MiB states; noisy): a ctypes array then
+``bytes()`` plus a synchronous sha256 took ~57 ms per stash, numpy's own allocation (it asks for
+transparent huge pages) ~56 ms, this with the checksum in the background ~27-34 ms. First-touching fresh
+memory is most of it there; a reserve of buffers written ahead by a background thread did not remove it.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
+import mmap
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Union
 
 import llama_cpp
 import numpy as np
@@ -34,6 +49,8 @@ log = logging.getLogger("llama_vq.server.engine")
 
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
+StateBytes = Union[bytes, np.ndarray]  # a state as llama.cpp wrote it (uint8 array) or as read from a file
+
 
 @dataclass
 class Checkpoint:
@@ -42,7 +59,7 @@ class Checkpoint:
     n_tokens: int
     pos_min: int
     pos_max: int
-    data: bytes
+    data: StateBytes
 
     @property
     def size(self) -> int:
@@ -54,45 +71,68 @@ class SavedState:
     """A whole sequence: tokens, full state (flags 0), the state's oldest position, checkpoints."""
 
     tokens: np.ndarray  # int32
-    data: bytes
+    data: StateBytes
     pos_min: int
     checkpoints: list[Checkpoint]
     identity: str = ""
     digest: str = ""
     last_used: float = field(default_factory=time.monotonic)
+    pending: Future | None = field(default=None, repr=False)  # the digest, while the hasher computes it
 
     @property
     def size(self) -> int:
         return len(self.data) + sum(c.size for c in self.checkpoints)
 
     def compute_digest(self) -> str:
-        h = hashlib.sha256(self.identity.encode())
-        h.update(np.asarray(self.tokens, "<i4").tobytes())
-        h.update(self.data)
-        for c in self.checkpoints:
-            h.update(f"{c.n_tokens},{c.pos_min},{c.pos_max}".encode())
-            h.update(c.data)
-        return h.hexdigest()
+        return _digest(self.identity, self.tokens, self.data, self.checkpoints)
+
+    def stored_digest(self) -> str:
+        """The digest taken when the entry was stored (waits for the hasher if it is still at it)."""
+        if self.pending is not None:
+            self.digest, self.pending = self.pending.result(), None
+        return self.digest
+
+
+def _digest(identity: str, tokens: np.ndarray, data: StateBytes, checkpoints: Sequence[Checkpoint]) -> str:
+    crc = zlib.crc32(identity.encode())
+    crc = zlib.crc32(np.asarray(tokens, "<i4").tobytes(), crc)
+    crc = zlib.crc32(data, crc)
+    for c in checkpoints:
+        crc = zlib.crc32(f"{c.n_tokens},{c.pos_min},{c.pos_max}".encode(), crc)
+        crc = zlib.crc32(c.data, crc)
+    return f"crc32:{crc:08x}"
 
 
 # ---- llama.cpp state calls (worker thread only) ------------------------------------------------
 
 
-def get_state(ctx: object, seq: int, flags: int = 0) -> bytes:
+_U8P = ctypes.POINTER(ctypes.c_uint8)
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _state_buffer(size: int) -> np.ndarray:
+    if size < 1 << 20:
+        return np.empty(size, np.uint8)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE
+    return np.frombuffer(mmap.mmap(-1, size, flags=flags), np.uint8)  # the array keeps the mapping
+
+
+def get_state(ctx: object, seq: int, flags: int = 0) -> np.ndarray:
+    """The sequence's state as a uint8 array (llama.cpp writes it in place: no zero-fill, no copy)."""
     size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq, flags)
-    buf = (ctypes.c_uint8 * size)()
-    got = llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, seq, flags)
-    return bytes(memoryview(buf)[:got])
+    buf = _state_buffer(size)
+    got = llama_cpp.llama_state_seq_get_data_ext(ctx, buf.ctypes.data_as(_U8P), size, seq, flags)
+    return buf[:got]
 
 
-def set_state(ctx: object, seq: int, data: bytes, flags: int = 0) -> bool:
+def set_state(ctx: object, seq: int, data: StateBytes, flags: int = 0) -> bool:
     """Load a state into ``seq``; False (and the sequence cleared) when llama.cpp refuses it."""
     mem = llama_cpp.llama_get_memory(ctx)
     if flags == 0:
         llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
-    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-    got = llama_cpp.llama_state_seq_set_data_ext(ctx, buf, len(data), seq, flags)
-    if got != len(data):
+    src = np.frombuffer(data, np.uint8)  # a view: llama.cpp only reads it
+    got = llama_cpp.llama_state_seq_set_data_ext(ctx, src.ctypes.data_as(_U8P), len(src), seq, flags)
+    if got != len(src):
         llama_cpp.llama_memory_seq_rm(mem, seq, -1, -1)
         return False
     return True
@@ -146,6 +186,7 @@ class RamCache:
         self._items: OrderedDict[int, SavedState] = OrderedDict()
         self._next = 0
         self.rejected = 0
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="ram-cache-digest")  # off the batch loop
 
     @property
     def enabled(self) -> bool:
@@ -164,7 +205,7 @@ class RamCache:
         if st.size > self.budget:
             return
         st.identity = self.identity
-        st.digest = st.compute_digest()
+        st.pending = self._hasher.submit(_digest, st.identity, st.tokens, st.data, list(st.checkpoints))
         with self._lock:
             for k, old in list(self._items.items()):  # a state that extends an older one replaces it
                 n = common_prefix(old.tokens, st.tokens)
@@ -196,7 +237,7 @@ class RamCache:
             if st is None:
                 return None
             self._items.move_to_end(key)
-        if st.identity != self.identity or st.compute_digest() != st.digest:
+        if st.identity != self.identity or st.compute_digest() != st.stored_digest():
             log.warning("RAM cache entry of %d tokens failed its check: dropped, recomputing", len(st.tokens))
             with self._lock:
                 self._items.pop(key, None)
