@@ -232,6 +232,7 @@ need = ["llama_vq/lib/libggml-hip.so", "llama_vq/lib/libllama.so", "llama_vq/bin
 cfg = json.loads(z.read("llama_vq/_build_config.json")) if z else {}
 lib = z.read(need[0]) if z and need[0] in names else b""
 kernels = ["k_out_prod_q_vec", "k_out_prod_q_combine", "mul_mat_vec_q_short", "k_fwht_set_rows", "k_cont_fwht",
+           "k_attn_decode", "k_attn_decode_combine",
            "dequantize_x8_rows"]
 print(json.dumps({
     "wheel": whl, "missing": [n for n in need if n not in names], "backend": cfg.get("backend"),

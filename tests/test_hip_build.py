@@ -32,6 +32,7 @@ SCRIPT = ROOT / "scripts" / "hip-toolchain.sh"
 
 # kernels that our patches add: their host stubs must be in the linked library
 PATCH_KERNELS = ("k_out_prod_q_vec", "k_out_prod_q_combine", "mul_mat_vec_q_short", "k_fwht_set_rows", "k_cont_fwht",
+                 "k_attn_decode", "k_attn_decode_combine",
                  "dequantize_x8_rows")
 
 

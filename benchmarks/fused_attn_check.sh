@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Issue 12 item 4 on a CUDA machine, one call (< 10 min): patch 0023, ggml-cuda's fused decode attention for a quantized
+# K/V cache with FA off (K*Q -> softmax -> V*P in one pass, flash-decoding splits + a combine kernel; on by default,
+# LLAMA_VQ_CUDA_FUSED_ATTN=0 turns it off), most important first:
+#   1. build llama-bench + test-backend-ops (FA kernels off)
+#   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
+#      kernel ran (plain and with the query rotation). On a failure the same cases run unfused as a control, and
+#      nothing is timed
+#   3. op timings of the whole chain (test-backend-ops perf), fused and unfused
+#   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and unfused, with
+#      the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); ratios against f16/f16
+# Here:   python3 benchmarks/carry.py .bench-carry --tokenizer-from <SmolLM2 GGUF>
+# There:  OUT=<results folder> bash benchmarks/fused_attn_check.sh
+# Env: DEADLINE (seconds from the start after which no benchmark starts; default 540), REPS (default 2).
+set -u
+. "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
+t0=$(date +%s)
+txt=$OUT/fused-attn.txt
+log() { echo "[fattn $(( $(date +%s) - t0 ))s] $*" | tee -a "$txt"; }
+late() { [ $(( $(date +%s) - t0 )) -gt "${DEADLINE:-540}" ]; }
+gen llama8b llama --preset llama-3.1-8b
+B=/tmp/fattn-build
+bin=$B/build/bin
+if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/test-backend-ops" ]; then
+    log "1. build (FA kernels off)"
+    build_tools "$B" off llama-bench,test-backend-ops
+fi
+log built
+
+# attn_ran LOG: the fused attention's counts that 0023 prints at exit ("attention fusions run: attn=N rotated=N")
+attn_counts() { grep -o "attention fusions run: .*" "$1" | tail -1; }
+
+log "2. test-backend-ops ATTN_DECODE_FUSED against the CPU (fused: the default)"
+LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-fused.log" 2>&1
+rc=$?
+echo "fused: $(grep -E 'tests passed' "$OUT/tbo-fused.log" | tail -1) $(grep -c FAIL "$OUT/tbo-fused.log") FAIL, $(attn_counts "$OUT/tbo-fused.log")" \
+    | tee -a "$txt"
+grep -E "FAIL" "$OUT/tbo-fused.log" | head -10 | tee -a "$txt"
+counts=$(attn_counts "$OUT/tbo-fused.log")
+plain=$(echo "$counts" | sed -n 's/.*attn=\([0-9]*\).*/\1/p')
+rot=$(echo "$counts" | sed -n 's/.*rotated=\([0-9]*\).*/\1/p')
+if [ "${plain:-0}" -eq 0 ] || [ "${rot:-0}" -eq 0 ]; then
+    log "FAILED: the fused kernel never ran (plain ${plain:-?}, rotated ${rot:-?})"
+    rc=1
+fi
+if [ "$rc" != 0 ]; then
+    log "control: the same cases unfused (LLAMA_VQ_CUDA_FUSED_ATTN=0)"
+    LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-unfused.log" 2>&1
+    echo "unfused: $(grep -E 'tests passed' "$OUT/tbo-unfused.log" | tail -1) $(grep -c FAIL "$OUT/tbo-unfused.log") FAIL" \
+        | tee -a "$txt"
+    grep -E "FAIL" "$OUT/tbo-unfused.log" | head -5 | tee -a "$txt"
+    log "test-backend-ops failed: nothing timed"
+    exit 1
+fi
+
+log "3. op timings of the chain (us per run, test-backend-ops perf): fused vs unfused"
+"$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-fused.log" 2>&1
+LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-unfused.log" 2>&1
+python3 - "$OUT/perf-fused.log" "$OUT/perf-unfused.log" <<'EOF' | tee -a "$txt"
+import re, sys
+def runs(path):
+    out = {}
+    for l in open(path):
+        m = re.search(r"ATTN_DECODE_FUSED\((.*?)\).*?([\d.]+) us/run", l)
+        if m:
+            v = dict(kv.split("=", 1) for kv in m.group(1).split(","))
+            key = "%s/%s d%s/%s h%s/%s kv%s t%s" % (v["type_k"], v["type_v"], v["d_k"], v["d_v"], v["n_head"],
+                                                  v["n_head_kv"], v["n_kv"], v["n_tokens"])
+            out[key] = float(m.group(2))
+    return out
+f, u = runs(sys.argv[1]), runs(sys.argv[2])
+print("shape fused_us unfused_us speedup")
+for k in f:
+    if k in u:
+        print(k.replace(" ", "_"), f[k], u[k], "%.2f" % (u[k] / f[k]))
+EOF
+
+wait_model llama8b
+# bench LABEL CTK CTV [ENV=VALUE ...]: 8B shape, FA off, tg128 at 0/8K/32K; "LABEL K V depth t/s std" lines, and the
+# fused attention's count for this config
+bench() {
+    local label=$1 k=$2 v=$3; shift 3
+    if late; then log "skipped (deadline): $label"; return; fi
+    # shellcheck disable=SC2086
+    env "$@" LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 240 "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa 0 -p 0 \
+        -n 128 -d 0,8192,32768 -r "${REPS:-2}" -ctk "$k" -ctv "$v" -o jsonl 2> "$OUT/bench-$label.err" \
+        | python3 -c "import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" \
+        | tee -a "$txt" "$OUT/bench.txt"
+    echo "$label: $(attn_counts "$OUT/bench-$label.err")" | tee -a "$txt"
+}
+log "4. 8B decode (tg128 at 0/8K/32K, FA off): f16, q4_0 and q8_0 fused (default) and unfused"
+bench f16 f16 f16
+bench q4_0 q4_0 q4_0
+bench q4_0-unfused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
+bench q8_0 q8_0 q8_0
+bench q8_0-unfused q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
+python3 - "$OUT/bench.txt" <<'EOF' | tee -a "$txt"
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+base = {r[3]: float(r[4]) for r in rows if r[0] == "f16"}
+print("label depth t/s ratio_to_f16")
+for r in rows:
+    if r[0] != "f16" and r[3] in base:
+        print(r[0], r[3], r[4], "%.3f" % (float(r[4]) / base[r[3]]))
+EOF
+log done

@@ -1,0 +1,420 @@
+// Runs the CUDA kernels of patch 0023 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
+// block's 128 threads are std::threads, __syncthreads() a block barrier, and a warp shuffle an exchange through memory
+// between two barriers of the warp's 32 threads (a shuffle that not every lane of the warp reaches deadlocks here, as
+// it is undefined on the GPU). Shared memory is a heap buffer of exactly the launch's size, filled with NaN before each
+// block (build with -fsanitize=address: any access past it faults). The kernels' source is included verbatim from the
+// patch (KERNEL_INC, cut out by tests/test_fused_attn_kernel_emulation.py); the launch configuration (splits, chunk
+// width, shared memory size) is the host code's, restated below. Each case is compared with a float64
+// softmax(scale*K.Q + mask, sinks) V on the same quantized blocks, decoded here independently of dequantize_x8.
+//
+//   harness            runs the built-in cases, one line each, exit status 1 if any fails
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+// ---- the CUDA surface the kernels use ----
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __shared__
+
+struct dim3_t { unsigned x = 0, y = 0, z = 0; };
+static thread_local dim3_t threadIdx;
+static thread_local dim3_t blockIdx;
+static dim3_t blockDim;
+
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+static inline float2 make_float2(float x, float y) { return {x, y}; }
+struct half { uint16_t bits; };
+
+static float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = (uint32_t) (h >> 15) << 31;
+    const int      exp  = (h >> 10) & 0x1F;
+    const uint32_t man  = h & 0x3FF;
+    float f;
+    if (exp == 0) {
+        f = std::ldexp((float) man, -24);
+    } else if (exp == 31) {
+        f = man ? NAN : INFINITY;
+    } else {
+        f = std::ldexp((float) (man | 0x400), exp - 25);
+    }
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+static inline float __half2float(half h) { return fp16_to_fp32(h.bits); }
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+using std::min;
+using std::max;
+
+static std::barrier<> * g_block_bar = nullptr;
+static std::barrier<> * g_warp_bar[4] = {};
+static float g_xch[128];
+
+static inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+
+static inline float __shfl_xor_sync(unsigned, float v, int offset, int width) {
+    const int t    = (int) threadIdx.x;
+    const int lane = t % 32;
+    const int base = t - lane;
+    g_warp_bar[t / 32]->arrive_and_wait();
+    g_xch[t] = v;
+    g_warp_bar[t / 32]->arrive_and_wait();
+    const int src = (lane & ~(width - 1)) | ((lane ^ offset) & (width - 1));
+    const float r = g_xch[base + src];
+    return r;
+}
+
+template <int width>
+static inline float warp_reduce_sum(float x) {
+    for (int offset = width/2; offset > 0; offset >>= 1) {
+        x += __shfl_xor_sync(0xffffffff, x, offset, width);
+    }
+    return x;
+}
+
+template <int width>
+static inline float warp_reduce_max(float x) {
+    for (int offset = width/2; offset > 0; offset >>= 1) {
+        x = std::fmax(x, __shfl_xor_sync(0xffffffff, x, offset, width));
+    }
+    return x;
+}
+
+// ---- ggml types and the x8 dequantizer (dequantize-x8.cuh, for the three types 0023 instantiates) ----
+enum ggml_type { GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q4_1 = 3, GGML_TYPE_Q8_0 = 8 };
+#pragma pack(push, 1)
+struct block_q4_0 { uint16_t d; uint8_t qs[16]; };
+struct block_q4_1 { uint16_t d, m; uint8_t qs[16]; };
+struct block_q8_0 { uint16_t d; int8_t qs[32]; };
+#pragma pack(pop)
+static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q4_1) == 20 && sizeof(block_q8_0) == 34, "blocks");
+
+template <ggml_type type> struct ggml_cuda_type_traits;
+template <> struct ggml_cuda_type_traits<GGML_TYPE_Q4_0> { static constexpr int qr = 2; };
+template <> struct ggml_cuda_type_traits<GGML_TYPE_Q4_1> { static constexpr int qr = 2; };
+template <> struct ggml_cuda_type_traits<GGML_TYPE_Q8_0> { static constexpr int qr = 1; };
+
+template <int qr>
+static inline int dequantize_x8_pos(const int j, const int l) {
+    if constexpr (qr == 2) {
+        return (j/4)*32 + (l/4)*16 + (j%4)*4 + l%4;
+    } else {
+        return (j/4)*32 + (j%4)*8 + l;
+    }
+}
+
+template <ggml_type type>
+static inline void dequantize_x8(const char * row, const int j, float * v) {
+    const int ib = j/4;
+    const int is = j%4;
+    if constexpr (type == GGML_TYPE_Q4_0) {
+        const block_q4_0 * x = (const block_q4_0 *) row + ib;
+        int q;
+        std::memcpy(&q, x->qs + 4*is, 4);
+        const float d = fp16_to_fp32(x->d);
+        for (int l = 0; l < 4; ++l) {
+            v[l + 0] = d * (((q >> (8*l + 0)) & 0x0F) - 8);
+            v[l + 4] = d * (((q >> (8*l + 4)) & 0x0F) - 8);
+        }
+    } else if constexpr (type == GGML_TYPE_Q4_1) {
+        const block_q4_1 * x = (const block_q4_1 *) row + ib;
+        int q;
+        std::memcpy(&q, x->qs + 4*is, 4);
+        const float dx = fp16_to_fp32(x->d), my = fp16_to_fp32(x->m);
+        for (int l = 0; l < 4; ++l) {
+            v[l + 0] = dx * ((q >> (8*l + 0)) & 0x0F) + my;
+            v[l + 4] = dx * ((q >> (8*l + 4)) & 0x0F) + my;
+        }
+    } else {
+        const block_q8_0 * x = (const block_q8_0 *) row + ib;
+        const float d = fp16_to_fp32(x->d);
+        for (int l = 0; l < 8; ++l) {
+            v[l] = d * x->qs[8*is + l];
+        }
+    }
+}
+
+// ---- the kernels, verbatim but for their `extern __shared__` declarations, which point at g_smem ----
+static int64_t * g_smem = nullptr; // the launch's dynamic shared memory
+#include KERNEL_INC
+
+// launch: blocks one after another, 128 threads each
+template <typename F>
+static void launch(unsigned gx, unsigned gy, unsigned gz, unsigned nthreads, size_t smem, F kernel) {
+    blockDim = {nthreads, 1, 1};
+    std::vector<unsigned char> buf(smem + 1);
+    for (unsigned bz = 0; bz < gz; ++bz) for (unsigned by = 0; by < gy; ++by) for (unsigned bx = 0; bx < gx; ++bx) {
+        std::unique_ptr<int64_t[]> sm(new int64_t[(smem + 7)/8]);
+        float * f = (float *) sm.get();
+        for (size_t i = 0; i < smem/4; ++i) {
+            f[i] = NAN;
+        }
+        g_smem = sm.get();
+        std::barrier<> bb((std::ptrdiff_t) nthreads);
+        std::vector<std::unique_ptr<std::barrier<>>> wb;
+        for (unsigned w = 0; w < nthreads/32; ++w) {
+            wb.emplace_back(new std::barrier<>(32));
+            g_warp_bar[w] = wb.back().get();
+        }
+        g_block_bar = &bb;
+        std::vector<std::thread> th;
+        for (unsigned t = 0; t < nthreads; ++t) {
+            th.emplace_back([=] {
+                threadIdx = {t, 0, 0};
+                blockIdx  = {bx, by, bz};
+                kernel();
+            });
+        }
+        for (auto & x : th) {
+            x.join();
+        }
+    }
+    g_smem = nullptr;
+}
+
+// ---- data, reference, cases ----
+static size_t block_bytes(ggml_type t) { return t == GGML_TYPE_Q4_0 ? 18 : t == GGML_TYPE_Q4_1 ? 20 : 34; }
+
+static uint16_t rand_half(std::mt19937 & g, int emin, int emax) { // a positive normal half in [2^(emin-15), 2^(emax-14))
+    std::uniform_int_distribution<int> e(emin, emax), m(0, 1023);
+    return (uint16_t) ((e(g) << 10) | m(g));
+}
+
+// row of d values: random blocks; decoded independently (ggml's block layouts: q4 elements j and j + 16 in byte j)
+static void make_row(std::mt19937 & g, ggml_type t, int d, char * out, float * dec) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (int b = 0; b < d/32; ++b) {
+        if (t == GGML_TYPE_Q4_0) {
+            block_q4_0 x; x.d = rand_half(g, 9, 12);
+            for (int j = 0; j < 16; ++j) x.qs[j] = (uint8_t) byte(g);
+            for (int j = 0; j < 16; ++j) {
+                dec[b*32 + j]      = fp16_to_fp32(x.d) * ((x.qs[j] & 15) - 8);
+                dec[b*32 + j + 16] = fp16_to_fp32(x.d) * ((x.qs[j] >> 4) - 8);
+            }
+            std::memcpy(out + b*18, &x, 18);
+        } else if (t == GGML_TYPE_Q4_1) {
+            block_q4_1 x; x.d = rand_half(g, 9, 12); x.m = (uint16_t) (rand_half(g, 12, 14) | 0x8000);
+            for (int j = 0; j < 16; ++j) x.qs[j] = (uint8_t) byte(g);
+            for (int j = 0; j < 16; ++j) {
+                dec[b*32 + j]      = fp16_to_fp32(x.d) * (x.qs[j] & 15) + fp16_to_fp32(x.m);
+                dec[b*32 + j + 16] = fp16_to_fp32(x.d) * (x.qs[j] >> 4) + fp16_to_fp32(x.m);
+            }
+            std::memcpy(out + b*20, &x, 20);
+        } else {
+            block_q8_0 x; x.d = rand_half(g, 5, 8);
+            for (int j = 0; j < 32; ++j) x.qs[j] = (int8_t) (byte(g) - 128);
+            for (int j = 0; j < 32; ++j) dec[b*32 + j] = fp16_to_fp32(x.d) * x.qs[j];
+            std::memcpy(out + b*34, &x, 34);
+        }
+    }
+}
+
+struct attn_case {
+    ggml_type tk, tv;
+    int dk, dv, n_head, n_head_kv, n_kv, ntok, n_stream;
+    bool sinks, mask_f16;
+    int n_rot, nsm;
+};
+
+static const char * tname(ggml_type t) { return t == GGML_TYPE_Q4_0 ? "q4_0" : t == GGML_TYPE_Q4_1 ? "q4_1" : "q8_0"; }
+
+static bool run_case(const attn_case & c, int seed) {
+    std::mt19937 g(seed);
+    const int kv_size = c.n_kv + 3;
+    const size_t rk = block_bytes(c.tk)*(c.dk/32), rv = block_bytes(c.tv)*(c.dv/32);
+    // caches: [n_head_kv heads per cell row][kv_size cells][n_stream], as llama_kv_cache
+    std::vector<char>  kc(rk*c.n_head_kv*kv_size*c.n_stream), vc(rv*c.n_head_kv*kv_size*c.n_stream);
+    std::vector<float> kd((size_t) c.dk*c.n_head_kv*kv_size*c.n_stream), vd((size_t) c.dv*c.n_head_kv*kv_size*c.n_stream);
+    for (size_t r = 0; r < (size_t) c.n_head_kv*kv_size*c.n_stream; ++r) {
+        make_row(g, c.tk, c.dk, kc.data() + r*rk, kd.data() + r*c.dk);
+        make_row(g, c.tv, c.dv, vc.data() + r*rv, vd.data() + r*c.dv);
+    }
+    // queries [d_k, n_head, n_tokens, n_stream] contiguous, read through the permuted view [d_k, n_tokens, n_head, s]
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f), um(-1.0f, 1.0f), us(-2.0f, 4.0f);
+    std::vector<float> q((size_t) c.dk*c.n_head*c.ntok*c.n_stream);
+    for (auto & x : q) x = u(g);
+    // mask [n_kv, ntok, 1, n_stream]: causal tail, holes, a masked window for long caches; cell 0 visible
+    std::vector<float> mask((size_t) c.n_kv*c.ntok*c.n_stream);
+    for (int s = 0; s < c.n_stream; ++s) for (int r = 0; r < c.ntok; ++r) for (int k = 0; k < c.n_kv; ++k) {
+        const bool causal = k >= c.n_kv - c.ntok + r + 1;
+        const bool hole   = (k*7 + r*13 + s*5) % 11 == 0;
+        const bool window = c.n_kv >= 512 && k >= c.n_kv/4 && k < c.n_kv/2;
+        float mv = k > 0 && (causal || hole || window) ? -INFINITY : um(g);
+        if (c.mask_f16 && std::isfinite(mv)) {
+            mv = std::round(mv*1024.0f)/1024.0f; // exactly representable in f16
+        }
+        mask[((size_t) s*c.ntok + r)*c.n_kv + k] = mv;
+    }
+    std::vector<half> mask16(mask.size());
+    for (size_t i = 0; i < mask.size(); ++i) {
+        const float mv = mask[i];
+        uint16_t h = 0xFC00; // -inf
+        if (std::isfinite(mv)) { // mv = n/1024 with |n| <= 1024: encode exactly
+            const float a = std::fabs(mv);
+            if (a == 0.0f) {
+                h = 0;
+            } else {
+                int e; const float fr = std::frexp(a, &e); // a = fr * 2^e, fr in [0.5, 1)
+                h = (uint16_t) (((e - 1 + 15) << 10) | (uint16_t) std::lround((fr*2.0f - 1.0f)*1024.0f));
+            }
+            if (mv < 0) h |= 0x8000;
+        }
+        mask16[i].bits = h;
+        mask[i] = c.mask_f16 ? fp16_to_fp32(h) : mv;
+    }
+    std::vector<float> sinks(c.n_head);
+    for (auto & x : sinks) x = us(g);
+    const float scale = 1.0f/std::sqrt((float) c.dk);
+
+    // the host code of ggml_cuda_attn_decode_fused
+    attn_decode_params p = {};
+    p.dk = c.dk; p.dv = c.dv; p.n_kv = c.n_kv; p.n_head_kv = c.n_head_kv; p.gqa = c.n_head/c.n_head_kv; p.ntok = c.ntok;
+    p.ncols = p.ntok*p.gqa; p.ntiles = (p.ncols + AD_CT - 1)/AD_CT; p.hadamard_n = c.n_rot; p.scale = scale;
+    const int64_t nblk0 = (int64_t) p.n_head_kv*p.ntiles*c.n_stream;
+    const int64_t nsplit_max = std::max<int64_t>(1, (p.n_kv + 2*AD_TC - 1)/(2*AD_TC));
+    int64_t nsplit = std::min<int64_t>(std::max<int64_t>(1, (4*c.nsm + nblk0 - 1)/nblk0), nsplit_max);
+    int64_t cps = (p.n_kv + nsplit - 1)/nsplit;
+    cps = (cps + AD_TC - 1)/AD_TC*AD_TC;
+    nsplit = (p.n_kv + cps - 1)/cps;
+    p.cps = (int) cps; p.nsplit = (int) nsplit;
+
+    std::vector<float> qr = q; // the kernel reads the unrotated queries when n_rot > 0 (as the fused graph does)
+    p.q = (const char *) qr.data();
+    p.q_nb1 = (int64_t) c.dk*c.n_head*4; p.q_nb2 = (int64_t) c.dk*4; p.q_nb3 = (int64_t) c.dk*c.n_head*c.ntok*4;
+    p.k = kc.data(); p.k_nb1 = (int64_t) rk*c.n_head_kv; p.k_nb2 = (int64_t) rk; p.k_nb3 = (int64_t) rk*c.n_head_kv*kv_size;
+    p.v = vc.data(); p.v_nb1 = (int64_t) rv*c.n_head_kv; p.v_nb2 = (int64_t) rv; p.v_nb3 = (int64_t) rv*c.n_head_kv*kv_size;
+    const size_t esz = c.mask_f16 ? 2 : 4;
+    p.mask = c.mask_f16 ? (const char *) mask16.data() : (const char *) mask.data();
+    p.m_ne2 = 1; p.m_ne3 = c.n_stream;
+    p.m_nb1 = (int64_t) c.n_kv*esz; p.m_nb2 = (int64_t) c.n_kv*c.ntok*esz; p.m_nb3 = p.m_nb2;
+    p.sinks = c.sinks ? sinks.data() : nullptr;
+    std::vector<float> dst((size_t) c.dv*c.ntok*c.n_head*c.n_stream, NAN);
+    p.dst = dst.data();
+    p.d_s1 = c.dv; p.d_s2 = (int64_t) c.dv*c.ntok; p.d_s3 = (int64_t) c.dv*c.ntok*c.n_head;
+
+    const int cg  = p.ncols == 1 ? 1 : (p.ncols <= 4 ? 4 : 8);
+    const int ncp = (std::min(AD_CT, p.ncols) + cg - 1)/cg*cg;
+    const size_t smem = AD_CT*sizeof(int64_t) + ((size_t) ncp*std::max(p.dk, p.dv) + (size_t) AD_TC*(ncp + 1) + 3*AD_CT)*sizeof(float);
+    std::unique_ptr<float[]>  part_o;
+    std::unique_ptr<float2[]> part_ml;
+    if (nsplit > 1) {
+        const size_t nml = (size_t) c.n_stream*p.n_head_kv*nsplit*p.ncols;
+        part_o.reset(new float[nml*p.dv]);
+        part_ml.reset(new float2[nml]);
+        std::fill(part_o.get(), part_o.get() + nml*p.dv, NAN);
+        p.part_o = part_o.get(); p.part_ml = part_ml.get();
+    }
+    const bool f16 = c.mask_f16;
+    auto kern = [&](auto tk, auto tv) {
+        constexpr ggml_type TK = decltype(tk)::value, TV = decltype(tv)::value;
+        launch((unsigned) nsplit, (unsigned) (p.n_head_kv*p.ntiles), (unsigned) c.n_stream, AD_NT, smem, [&] {
+            if (cg == 1)      { if (f16) k_attn_decode<TK, TV, 1, half>(p); else k_attn_decode<TK, TV, 1, float>(p); }
+            else if (cg == 4) { if (f16) k_attn_decode<TK, TV, 4, half>(p); else k_attn_decode<TK, TV, 4, float>(p); }
+            else              { if (f16) k_attn_decode<TK, TV, 8, half>(p); else k_attn_decode<TK, TV, 8, float>(p); }
+        });
+    };
+    using q40 = std::integral_constant<ggml_type, GGML_TYPE_Q4_0>;
+    using q41 = std::integral_constant<ggml_type, GGML_TYPE_Q4_1>;
+    using q80 = std::integral_constant<ggml_type, GGML_TYPE_Q8_0>;
+    auto kv = [&](auto tk) {
+        if (c.tv == GGML_TYPE_Q4_0) kern(tk, q40{}); else if (c.tv == GGML_TYPE_Q4_1) kern(tk, q41{}); else kern(tk, q80{});
+    };
+    if (c.tk == GGML_TYPE_Q4_0) kv(q40{}); else if (c.tk == GGML_TYPE_Q4_1) kv(q41{}); else kv(q80{});
+    if (nsplit > 1) {
+        launch((unsigned) p.ncols, (unsigned) p.n_head_kv, (unsigned) c.n_stream, 128, (nsplit + 1)*sizeof(float), [&] {
+            k_attn_decode_combine(p.part_o, p.part_ml, p.sinks, p.dst, p.dv, p.ncols, p.ntok, p.gqa, p.n_head_kv, p.nsplit,
+                                  p.d_s1, p.d_s2, p.d_s3);
+        });
+    }
+
+    // float64 reference
+    std::vector<double> qd(q.begin(), q.end());
+    if (c.n_rot > 0) { // normalized Sylvester Hadamard of every n_rot-segment
+        std::vector<double> tmp(c.n_rot);
+        for (size_t s0 = 0; s0 < qd.size(); s0 += c.n_rot) {
+            for (int r = 0; r < c.n_rot; ++r) {
+                double acc = 0;
+                for (int k = 0; k < c.n_rot; ++k) acc += (__builtin_popcount(r & k) % 2 ? -1.0 : 1.0)*qd[s0 + k];
+                tmp[r] = acc/std::sqrt((double) c.n_rot);
+            }
+            std::copy(tmp.begin(), tmp.end(), qd.begin() + s0);
+        }
+    }
+    const int gqa = c.n_head/c.n_head_kv;
+    double num = 0, den = 0;
+    bool finite = true;
+    for (int s = 0; s < c.n_stream; ++s) for (int h = 0; h < c.n_head; ++h) for (int t = 0; t < c.ntok; ++t) {
+        const int hk = h/gqa;
+        std::vector<double> sc(c.n_kv);
+        double mx = c.sinks ? sinks[h] : -INFINITY;
+        for (int k = 0; k < c.n_kv; ++k) {
+            const float * kr = kd.data() + (((size_t) s*kv_size + k)*c.n_head_kv + hk)*c.dk;
+            const double * qq = qd.data() + (((size_t) s*c.ntok + t)*c.n_head + h)*c.dk;
+            double d = 0;
+            for (int i = 0; i < c.dk; ++i) d += kr[i]*qq[i];
+            sc[k] = d*scale + mask[((size_t) s*c.ntok + t)*c.n_kv + k];
+            mx = std::max(mx, sc[k]);
+        }
+        double sum = c.sinks ? std::exp(sinks[h] - mx) : 0.0;
+        for (int k = 0; k < c.n_kv; ++k) { sc[k] = std::exp(sc[k] - mx); sum += sc[k]; }
+        for (int i = 0; i < c.dv; ++i) {
+            double o = 0;
+            for (int k = 0; k < c.n_kv; ++k) o += sc[k]*vd[(((size_t) s*kv_size + k)*c.n_head_kv + hk)*c.dv + i];
+            o /= sum;
+            const float got = dst[(((size_t) s*c.n_head + h)*c.ntok + t)*c.dv + i];
+            finite = finite && std::isfinite(got);
+            num += (got - o)*(got - o);
+            den += o*o;
+        }
+    }
+    const double nmse = num/den;
+    const bool ok = finite && nmse < 1e-9;
+    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d: nsplit=%d cg=%d nmse=%.3g\n",
+           ok ? "OK  " : "FAIL", tname(c.tk), tname(c.tv), c.dk, c.dv, c.n_head, c.n_head_kv, c.n_kv, c.ntok, c.n_stream,
+           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, (int) nsplit, cg, nmse);
+    return ok;
+}
+
+int main() {
+    const attn_case cases[] = {
+        // tk, tv, dk, dv, n_head, n_head_kv, n_kv, ntok, n_stream, sinks, mask_f16, n_rot, nsm
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,   1, 1, 1, false, false,   0, 132}, // 8B shape
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 127, 2, 1, true,  false,   0, 132},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 128, 128, 32, 8, 700, 1, 1, true,  false,   0,  16},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 600, 8, 1, false, false,   0,  16}, // 32 columns
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 900, 1, 1, true,  false,   0,  16}, // MiMo full: GQA 16
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 300, 3, 1, true,  false,   0,  16}, // 48 columns: 2 tiles
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 192, 128, 64, 8, 520, 8, 1, false, true,    0,  16}, // MiMo SWA, 64 columns
+        {GGML_TYPE_Q4_1, GGML_TYPE_Q4_1,  64,  64, 16, 4, 333, 3, 1, true,  false,   0,   8}, // 12 columns, padded chunk
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 256, 256, 16, 2, 200, 4, 1, false, false,   0,   8}, // 32 columns x d 256
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128,  8, 8, 260, 1, 1, false, false,   0,   8}, // GQA 1: one column
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 400, 2, 2, true,  false,   0,  16}, // 2 streams
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 300, 1, 1, true,  false, 128,  16}, // rotated queries
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 192, 128, 64, 4, 200, 2, 1, false, true,   64,  16},
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false,   0,   1}, // one split
+    };
+    bool all = true;
+    int seed = 1;
+    for (const attn_case & c : cases) {
+        all = run_case(c, seed++) && all;
+    }
+    printf("%s\n", all ? "all passed" : "FAILED");
+    return all ? 0 : 1;
+}
