@@ -62,3 +62,27 @@ fusion_ran() {
     grep -o "rotation fusions run: .*" "$1" | grep -o "$kind=[0-9]*" | cut -d= -f2 \
         | awk '{ s += $1 } END { exit !(s > 0) }'
 }
+
+# build_project BUILD_DIR PYTHON [TARGETS...]: our CMake project from the carried tree (CUDA sm_90, FA kernels off):
+# llama_vq/lib filled in place, llama-server and the tools in BUILD_DIR/bin (serve_device.sh, stall_device.sh)
+build_project() {
+    local B=$1 py=$2; shift 2
+    cmake -S "$here" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC="$C/llama.cpp" \
+        -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_CUDA_FA=OFF \
+        -DLLAMA_VQ_BUILD_TOOLS=ON -DLLAMA_VQ_BUILD_SERVER=ON -DPython3_EXECUTABLE="$py" > "$OUT/build.log" 2>&1 \
+        && cmake --build "$B" -j "$(nproc)" --target llama ggml ggml-base ggml-cpu ggml-cuda llama-common llama-vq-chat \
+            "$@" >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    mkdir -p "$here/llama_vq/lib"
+    find "$B" -name 'lib*.so' -not -path '*/CMakeFiles/*' -exec cp -L {} "$here/llama_vq/lib/" \;
+    cp "$B/_build_config.json" "$here/llama_vq/"
+}
+
+# server_python: the server's Python (3.11 + its packages, packed here by pack_python.py; the machine's own Python
+# lacks pydantic-core) unpacked into /tmp/py; sets PY
+server_python() {
+    tar xJf "$(dirname "$C")/py.tar.xz" -C /tmp || exit 1
+    PY=/tmp/py/bin/python3
+    export LD_LIBRARY_PATH=/tmp/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PYTHONPATH=$here
+}
+

@@ -23,23 +23,10 @@ t0=$(date +%s)
 log() { echo "[serve $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/serve.txt"; }
 gen mimo mimo --preset attn
 
-# the server's Python (3.11 + its packages, packed here; the machine's own Python lacks pydantic-core)
-tar xJf "$(dirname "$C")/py.tar.xz" -C /tmp || exit 1
-PY=/tmp/py/bin/python3
-export LD_LIBRARY_PATH=/tmp/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$here
-
-# one build of our CMake project from the carried tree: llama_vq/lib (in place) and llama-server
+server_python
 B=/tmp/serve-build
 log "build (CUDA sm_90, FA kernels off)"
-cmake -S "$here" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC="$C/llama.cpp" \
-    -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_CUDA_FA=OFF \
-    -DLLAMA_VQ_BUILD_TOOLS=ON -DLLAMA_VQ_BUILD_SERVER=ON -DPython3_EXECUTABLE="$PY" > "$OUT/build.log" 2>&1 \
-    && cmake --build "$B" -j "$(nproc)" --target llama ggml ggml-base ggml-cpu ggml-cuda llama-common llama-vq-chat \
-        llama-server >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-mkdir -p "$here/llama_vq/lib"
-find "$B" -name 'lib*.so' -not -path '*/CMakeFiles/*' -exec cp -L {} "$here/llama_vq/lib/" \;
-cp "$B/_build_config.json" "$here/llama_vq/"
+build_project "$B" "$PY" llama-server
 log "built: $(ls "$here/llama_vq/lib" | tr '\n' ' ')"
 "$PY" -c "import llama_vq; print(llama_vq.build_info())" | tee -a "$OUT/serve.txt" || exit 1
 wait_model mimo

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Drive the server's engine in-process through rounds of concurrent greedy requests (as `serve_bench.py
+throughput` does over HTTP) and catch a stall: when no token arrives for --stall-s seconds, print the last
+batches the engine decoded (each sequence's positions in the batch and its cached range before the decode),
+every thread's Python stack, and exit 3. Each phase's tokens/s otherwise; exit 0.
+
+    python benchmarks/engine_stall.py MODEL [--flags "-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off -ngl 999"]
+        [--clients 1,2,4,8] [--requests 4] [--max-tokens 128] [--stall-s 15]
+
+Written for the GPU-only stall at 8 clients (benchmarks/RESULTS.md, engine section): one process per variant
+(environment switches, server flags), so that one call can bisect it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import faulthandler
+import os
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+PROMPTS = [
+    "Once upon a time, in a small village by the sea, there lived",
+    "The history of the printing press begins in the fifteenth century, when",
+    "Here is a recipe for a simple tomato soup. First,",
+    "The three laws of thermodynamics can be explained simply:",
+    "In the year 2150, the first colony on Mars",
+    "A short guide to learning the piano as an adult:",
+    "The old lighthouse keeper looked out at the storm and",
+    "def quicksort(items):\n    ",
+]  # serve_bench.py's, so that the same prompts meet the same cache layout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--flags", default="-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--stall-s", type=float, default=15.0)
+    ap.add_argument("--keep", type=int, default=4, help="batches to print at a stall")
+    a = ap.parse_args()
+
+    import llama_vq  # noqa: F401  (binds llama_cpp)
+    import llama_cpp
+    from engine_support import greedy, start_engine
+
+    batches: collections.deque = collections.deque(maxlen=a.keep)
+    progress = [time.monotonic(), 0]
+    engine = start_engine(a.model, *shlex.split(a.flags))
+    n_slots = engine._core.n_slots
+    mem = llama_cpp.llama_get_memory(engine._core.ctx)
+    real_decode = llama_cpp.llama_decode
+
+    def decode(ctx, b):  # the engine's calls, recorded before they run
+        seqs: dict[int, list[int]] = {}
+        for i in range(b.n_tokens):
+            seqs.setdefault(int(b.seq_id[i][0]), []).append(int(b.pos[i]))
+        ranges = {
+            s: (int(llama_cpp.llama_memory_seq_pos_min(mem, s)), int(llama_cpp.llama_memory_seq_pos_max(mem, s)))
+            for s in range(n_slots)
+        }
+        rec = {"t": time.monotonic(), "n_tokens": b.n_tokens,
+               "batch": {s: (p[0], len(p)) for s, p in seqs.items()}, "cached": ranges}
+        batches.append(rec)
+        t0 = time.monotonic()
+        ret = real_decode(ctx, b)
+        rec["ret"], rec["call_ms"] = ret, (time.monotonic() - t0) * 1e3
+        return ret
+
+    llama_cpp.llama_decode = decode
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(0.5)
+            if time.monotonic() - progress[0] > a.stall_s:
+                print(f"STALL: no token for {a.stall_s:.0f} s after {progress[1]} tokens; last batches "
+                      "(batch: seq -> (first pos, n); cached: seq -> (pos_min, pos_max) before the decode):", flush=True)
+                now = time.monotonic()
+                for r in batches:
+                    print(f"  {now - r['t']:6.1f} s ago: n_tokens {r['n_tokens']} ret {r.get('ret', 'RUNNING')} "
+                          f"call {r.get('call_ms', float('nan')):.1f} ms batch {r['batch']} cached {r['cached']}",
+                          flush=True)
+                faulthandler.dump_traceback(all_threads=True)
+                sys.stdout.flush()
+                os._exit(3)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+
+    async def client(c: int, prompts: list[list[int]]) -> int:
+        n = 0
+        for p in prompts:
+            job = engine.submit(greedy(p, a.max_tokens, ignore_eos=True))
+            async for ev in job.events():
+                progress[0] = time.monotonic()
+                progress[1] += 1
+                if type(ev).__name__ == "DoneEvent":
+                    n += ev.completion_tokens
+                    break
+        return n
+
+    async def phases() -> None:
+        for k in (int(x) for x in a.clients.split(",")):
+            prompts = [[engine.tokenize(PROMPTS[(c * a.requests + i) % len(PROMPTS)] + f" ({c}.{i})")
+                        for i in range(a.requests)] for c in range(k)]
+            t0 = time.monotonic()
+            progress[0] = t0
+            n = sum(await asyncio.gather(*(client(c, prompts[c]) for c in range(k))))
+            print(f"clients {k}: {n / (time.monotonic() - t0):.1f} tok/s ({n} tokens)", flush=True)
+
+    asyncio.run(phases())
+    engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
