@@ -30,13 +30,13 @@ base="-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off -t 8 -ngl 999"
 
 # hunt LABEL "EXTRA FLAGS" [ENV=VALUE ...]
 hunt() {
-    local label=$1 flags="$base $2"; shift 2
+    local label=$1 extra=$2 flags="$base $2"; shift 2
     case " ${VARIANTS:-$label} " in *" $label "*) ;; *) return ;; esac
     if late "${DEADLINE:-470}"; then log "skipped (deadline): $label"; return; fi
     env "$@" timeout 120 "$PY" "$here/benchmarks/engine_stall.py" "$M/synth-mimo.gguf" --flags "$flags" \
         --stall-s "${STALL_S:-10}" > "$OUT/hunt-$label.log" 2>&1
     local rc=$?
-    log "$label ($* | $2): rc $rc; $(grep -E '^clients' "$OUT/hunt-$label.log" | sed 's/ tok.s.*//' | tr '\n' ' ')"
+    log "$label ($* | $extra): rc $rc; $(grep -E '^clients' "$OUT/hunt-$label.log" | sed 's/ tok.s.*//' | tr '\n' ' ')"
     grep -A5 '^STALL' "$OUT/hunt-$label.log" | cut -c1-1500 | tee -a "$txt"
 }
 hunt base "" LLAMA_VQ_CUDA_FUSED_ATTN=0
