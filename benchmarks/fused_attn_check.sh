@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 12 item 4 on a CUDA machine, one call (< 10 min): patch 0023, ggml-cuda's fused decode attention for a quantized
-# K/V cache with FA off (K*Q -> softmax -> V*P in one pass, flash-decoding splits + a combine kernel; on by default,
-# LLAMA_VQ_CUDA_FUSED_ATTN=0 turns it off), most important first:
+# K/V cache with FA off (K*Q -> softmax -> V*P in one pass, flash-decoding splits + a combine kernel; off by default,
+# LLAMA_VQ_CUDA_FUSED_ATTN=1 turns it on), most important first:
 #   1. build llama-bench + test-backend-ops (FA kernels off)
 #   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
 #      kernel ran (plain and with the query rotation). On a failure the same cases run unfused as a control, and
@@ -31,7 +31,7 @@ log built
 attn_counts() { grep -o "attention fusions run: .*" "$1" | tail -1; }
 
 log "2. test-backend-ops ATTN_DECODE_FUSED against the CPU (fused: the default)"
-LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-fused.log" 2>&1
+LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-fused.log" 2>&1
 rc=$?
 echo "fused: $(grep -E 'tests passed' "$OUT/tbo-fused.log" | tail -1) $(grep -c FAIL "$OUT/tbo-fused.log") FAIL, $(attn_counts "$OUT/tbo-fused.log")" \
     | tee -a "$txt"
@@ -54,7 +54,7 @@ if [ "$rc" != 0 ]; then
 fi
 
 log "3. op timings of the chain (us per run, test-backend-ops perf): fused vs unfused"
-"$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-fused.log" 2>&1
+LLAMA_VQ_CUDA_FUSED_ATTN=1 "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-fused.log" 2>&1
 LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-unfused.log" 2>&1
 python3 - "$OUT/perf-fused.log" "$OUT/perf-unfused.log" <<'EOF' | tee -a "$txt"
 import re, sys
@@ -92,9 +92,9 @@ for l in sys.stdin:
 }
 log "4. 8B decode (tg128 at 0/8K/32K, FA off): f16, q4_0 and q8_0 fused (default) and unfused"
 bench f16 f16 f16
-bench q4_0 q4_0 q4_0
+bench q4_0 q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
 bench q4_0-unfused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
-bench q8_0 q8_0 q8_0
+bench q8_0 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
 bench q8_0-unfused q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 python3 - "$OUT/bench.txt" <<'EOF' | tee -a "$txt"
 import sys

@@ -12,7 +12,8 @@
 # Env: CLIENTS (1,2,4,8), REQUESTS (3 per client), MAX_TOKENS (128), UNIFIED=1 (also the unified llama-server run),
 # DEADLINE (s after the start; later runs start only before it, default 420), TURNS (12), RESTART_AT (7),
 # AGENT_BUDGET (s, 150), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server), EXTRA (more server flags, e.g.
-# '--cache-ram 0' or '--swa-full'). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots
+# '--cache-ram 0' or '--swa-full'), DECODE_BENCH=1 (then issue 12's 8B decode ratios with 0023 off and on, started
+# before DECODE_DEADLINE s, default 480; REPS 1). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots
 # (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the throughput runs into
 # gpu.csv.
 set -u
@@ -22,11 +23,12 @@ CARRY=${CARRY:-$here/.stage/carry}
 t0=$(date +%s)
 log() { echo "[serve $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/serve.txt"; }
 gen mimo mimo --preset attn
+[ -z "${DECODE_BENCH:-}" ] || gen llama8b llama --preset llama-3.1-8b
 
 server_python
 B=/tmp/serve-build
 log "build (CUDA sm_90, FA kernels off)"
-build_project "$B" "$PY" llama-server
+build_project "$B" "$PY" llama-server ${DECODE_BENCH:+llama-bench}
 log "built: $(ls "$here/llama_vq/lib" | tr '\n' ' ')"
 "$PY" -c "import llama_vq; print(llama_vq.build_info())" | tee -a "$OUT/serve.txt" || exit 1
 wait_model mimo
@@ -59,6 +61,17 @@ if ! late "${DEADLINE:-420}"; then
         | tee -a "$OUT/serve.txt"
 else
     log "agent replay skipped (deadline)"
+fi
+if [ -n "${DECODE_BENCH:-}" ] && ! late "${DECODE_DEADLINE:-480}"; then
+    # issue 12: 8B-shape decode, FA off, tg128 at 0/8K/32K, with 0023's fused attention off (the default) and on
+    log "8B decode, FA off: f16, q4_0 and q8_0 with the separate ops and with 0023 (LLAMA_VQ_CUDA_FUSED_ATTN=1)"
+    wait_model llama8b
+    bin=$B/bin
+    for cfg in "f16 f16 f16" "q4_0 q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0" "q4_0-fused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1" \
+            "q8_0 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=0" "q8_0-fused q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1"; do
+        # shellcheck disable=SC2086
+        late "${DECODE_DEADLINE:-480}" || bench_tg "$OUT/serve.txt" "$M/synth-llama8b.gguf" "-n 128 -d 0,8192,32768 -r ${REPS:-1}" $cfg
+    done
 fi
 # at most 8 files come back: the tables and logs in serve.txt, the records as JSON, the servers' log tails
 for d in split unified agent; do

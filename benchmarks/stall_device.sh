@@ -40,7 +40,7 @@ hunt() {
     grep -A5 '^STALL' "$OUT/hunt-$label.log" | cut -c1-1500 | tee -a "$txt"
 }
 hunt base "" LLAMA_VQ_CUDA_FUSED_ATTN=0
-hunt fused-attn ""
+hunt fused-attn "" LLAMA_VQ_CUDA_FUSED_ATTN=1
 hunt no-graphs "" LLAMA_VQ_CUDA_FUSED_ATTN=0 GGML_CUDA_DISABLE_GRAPHS=1
 hunt no-rot-fusion "" LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_FUSE_ROTATION=0
 hunt no-state-copies "--cache-ram 0 --ctx-checkpoints 0" LLAMA_VQ_CUDA_FUSED_ATTN=0
@@ -49,7 +49,7 @@ hunt kv-f16 "-ctk f16 -ctv f16" LLAMA_VQ_CUDA_FUSED_ATTN=0
 
 if ! late "${DEADLINE:-470}"; then
     log "test-backend-ops ATTN_DECODE_FUSED against the CPU (0023, fused)"
-    LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 100 "$B/bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED \
+    LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 100 "$B/bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED \
         > "$OUT/tbo-fused.log" 2>&1
     log "rc $?: $(grep -E 'tests passed' "$OUT/tbo-fused.log" | tail -1); $(grep -c FAIL "$OUT/tbo-fused.log") FAIL; \
 $(grep -o 'attention fusions run: .*' "$OUT/tbo-fused.log" | tail -1)"
