@@ -74,12 +74,20 @@ async def _sse(job: Any, shaper: _Shaper, keepalive_s: float, done_marker: bool)
                     yield ": keepalive\n\n"
                 continue
             if isinstance(ev, TokenEvent):
-                for c in shaper.feed(ev):
+                # the tokens already here go out in one write (several slots' tokens arrive per engine step)
+                out: list[str] = []
+                while isinstance(ev, TokenEvent):
+                    out += [_data(c) for c in shaper.feed(ev)]
+                    if shaper.cut:
+                        job.cancel()  # the answer is complete (one tool call asked for): stop generating
+                        ev = None
+                        break
+                    ev = job.pending_event()
+                if out:
                     last = time.monotonic()
-                    yield _data(c)
-                if shaper.cut:
-                    job.cancel()  # the answer is complete (one tool call asked for): stop generating
-                continue
+                    yield "".join(out)
+                if ev is None or isinstance(ev, ProgressEvent):
+                    continue
             if ev.finish_reason == "error":
                 yield _data(errors.internal(f"generation failed: {ev.error}").body())
             else:

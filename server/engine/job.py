@@ -65,10 +65,16 @@ class Job:
 
     async def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event, or None after ``timeout`` seconds without one (a keepalive tick)."""
+        if not self._queue.empty():  # the common case while tokens flow: no timer, no task
+            return self._queue.get_nowait()
         try:
             return await asyncio.wait_for(self._queue.get(), timeout)
         except TimeoutError:
             return None
+
+    def pending_event(self) -> Event | None:
+        """An event already delivered to the loop, without waiting (None if there is none)."""
+        return None if self._queue.empty() else self._queue.get_nowait()
 
     async def events(self) -> AsyncIterator[Event]:
         while True:
