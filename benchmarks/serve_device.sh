@@ -13,7 +13,7 @@
 # DEADLINE (s after the start; later runs start only before it, default 420), TURNS (12), RESTART_AT (7),
 # AGENT_BUDGET (s, 150), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server), EXTRA (more server flags, e.g.
 # '--cache-ram 0' or '--swa-full'), DECODE_BENCH=1 (then issue 12's 8B decode ratios with 0023 off and on, started
-# before DECODE_DEADLINE s, default 480; REPS 1). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots
+# before DECODE_DEADLINE s, default 480; REPS 1), REPEAT (throughput runs, default 1). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots
 # (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the throughput runs into
 # gpu.csv.
 set -u
@@ -44,9 +44,11 @@ log "throughput (both servers -np 8; llama-server splits its cache into 8 stream
 # the GPU's utilization and memory once a second while it runs: busy at a stall means kernels, idle means the host
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$OUT/gpu.csv" 2>&1 &
 smi=$!
-python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out /tmp/sb/split --request-timeout "$rt" \
-    --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep --line-buffered -v '^|' \
-    | tee -a "$OUT/serve.txt"
+for r in $(seq "${REPEAT:-1}"); do  # REPEAT runs one after the other (fresh servers), for medians
+    python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out "/tmp/sb/split$([ "$r" = 1 ] || echo "$r")" \
+        --request-timeout "$rt" --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" \
+        2>&1 | grep --line-buffered -v '^|' | tee -a "$OUT/serve.txt"
+done
 kill "$smi" 2>/dev/null
 if [ -n "${UNIFIED:-}" ] && ! late "${DEADLINE:-420}"; then
     log "throughput, llama-server with LLAMA_ARG_KV_UNIFIED=1"
