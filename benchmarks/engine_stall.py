@@ -27,16 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-PROMPTS = [
-    "Once upon a time, in a small village by the sea, there lived",
-    "The history of the printing press begins in the fifteenth century, when",
-    "Here is a recipe for a simple tomato soup. First,",
-    "The three laws of thermodynamics can be explained simply:",
-    "In the year 2150, the first colony on Mars",
-    "A short guide to learning the piano as an adult:",
-    "The old lighthouse keeper looked out at the storm and",
-    "def quicksort(items):\n    ",
-]  # serve_bench.py's, so that the same prompts meet the same cache layout
+from serve_prompts import PROMPTS  # noqa: E402  (serve_bench's: the same prompts meet the same cache layout)
 
 
 def main() -> int:

@@ -154,16 +154,7 @@ def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list
 
 # ---- throughput ------------------------------------------------------------------------------------
 
-PROMPTS = [
-    "Once upon a time, in a small village by the sea, there lived",
-    "The history of the printing press begins in the fifteenth century, when",
-    "Here is a recipe for a simple tomato soup. First,",
-    "The three laws of thermodynamics can be explained simply:",
-    "In the year 2150, the first colony on Mars",
-    "A short guide to learning the piano as an adult:",
-    "The old lighthouse keeper looked out at the storm and",
-    "def quicksort(items):\n    ",
-]
+from serve_prompts import PROMPTS  # noqa: E402
 
 
 # seconds a request may take before it counts as failed (--request-timeout): its total time, not only the time
