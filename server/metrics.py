@@ -345,7 +345,8 @@ def register_engine_gauges(engine: Any, metrics: Metrics) -> None:
     g("slot_checkpoints", "SWA checkpoints held by the slot.", ("slot",), per_slot(lambda s: len(s.checkpoints)))
     g("kv_cache_bytes", "Bytes of the allocated KV cache, by tensor.", ("tensor",),
       lambda: {("k",): float(engine.info.kv_k_bytes), ("v",): float(engine.info.kv_v_bytes)} if engine.info else {})
-    g("n_ctx", "Context size in tokens (per slot; the KV cache is unified).", (),
+    g("n_ctx", "Context size in tokens a slot can hold (the whole context with the unified KV cache, "
+      "ctx-size / slots with --no-kv-unified).", (),
       one(lambda: engine.info.n_ctx if engine.info else None))
     g("prompt_cache_ram_bytes", "Bytes of sequence states in the RAM cache (--cache-ram).", (),
       one(lambda: engine.ram.total_bytes if engine.ram else None))

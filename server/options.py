@@ -240,8 +240,8 @@ OPTIONS: tuple[Option, ...] = (
         "parallel",
         ("-np", "--parallel"),
         _int_range(1, 256),
-        "Slots: requests processed at once, sharing one context (unified KV cache) with continuous "
-        "batching; more wait in the queue. Default 4.",
+        "Slots: requests processed at once, sharing one context (a unified KV cache unless "
+        "--no-kv-unified) with continuous batching; more wait in the queue. Default 4.",
         "N",
     ),
     Option(
@@ -258,6 +258,22 @@ OPTIONS: tuple[Option, ...] = (
         _bool,
         "Full-size cache for sliding-window layers (default: windowed, as llama-server; reuse of an "
         "older prefix then goes through checkpoints).",
+        switch=True,
+    ),
+    Option(
+        "kv_unified",
+        ("-kvu", "--kv-unified"),
+        _bool,
+        "One KV cache shared by all slots, each slot able to fill the whole context (the default).",
+        switch=True,
+    ),
+    Option(
+        "no_kv_unified",
+        ("-no-kvu", "--no-kv-unified"),
+        _bool,
+        "One KV cache stream per slot instead, as llama-server with an explicit -np: a slot holds at most "
+        "--ctx-size / --parallel tokens, and a sequence's cells stay contiguous (its state copies are a few "
+        "large reads instead of many small ones).",
         switch=True,
     ),
     Option(

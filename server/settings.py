@@ -80,6 +80,7 @@ class Settings:
     parallel: int = 4
     cache_ram: int = 8192 << 20  # bytes; 0 disables the RAM cache of sequence states
     swa_full: bool = False
+    kv_unified: bool = True  # one KV cache for all slots (False: a stream per slot, n_ctx / parallel cells each)
     ctx_checkpoints: int = 32
     checkpoint_every: int = 8192
     n_predict: int = -1  # -1: up to the end of the context
@@ -166,6 +167,10 @@ def _finish(v: dict[str, Any]) -> Settings:
     if "no_jinja" in v:
         if v.pop("no_jinja"):
             v["jinja"] = False
+    if v.pop("no_kv_unified", False):
+        if v.get("kv_unified"):
+            raise SettingsError("--kv-unified and --no-kv-unified: choose one")
+        v["kv_unified"] = False
     if "chat_template_file" in v:
         path = Path(v["chat_template_file"]).expanduser()
         try:

@@ -104,3 +104,20 @@ def test_timeout_ends_a_request_with_finish_reason_timeout(engine):
     _, _, done = run_one(engine, greedy(prompt, 100000, ignore_eos=True, timeout_s=3.0))
     assert done.finish_reason == "timeout"
     assert 0 < done.completion_tokens < 4000
+
+
+def test_split_kv_streams_give_the_same_tokens_and_bound_a_slot(smollm2_path):
+    """--no-kv-unified (a KV stream per slot, llama-server's layout with an explicit -np): a slot holds
+    ctx-size / slots tokens, and parallel greedy requests still give the tokens each gives alone."""
+    from server.engine import errors as engine_errors
+
+    e = start_engine(smollm2_path, "-c", "2048", "-np", "2", "--no-kv-unified", "-b", "256", "-ub", "32")
+    try:
+        assert e.info.n_ctx == 1024
+        reqs = [greedy(_tok(e, p), 16, cache_prompt=False) for p in PROMPTS[:2]]
+        alone = [run_one(e, r)[0] for r in reqs]
+        assert [t[0] for t in run_together(e, reqs)] == alone
+        with pytest.raises(engine_errors.PromptTooLong):
+            e.submit(greedy([1] * 1100, 4))
+    finally:
+        e.shutdown()

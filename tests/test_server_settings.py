@@ -284,3 +284,12 @@ def test_cli_exits_2_for_chat_template_flags_that_cannot_work(tmp_path, smollm2_
     r = _cli("-m", str(smollm2_path), *args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and "loading" not in r.stderr
+
+
+def test_kv_unified_is_the_default_and_no_kv_unified_splits_it(model_file):
+    assert parse_settings(["-m", str(model_file)], {}).kv_unified is True
+    assert parse_settings(["-m", str(model_file), "-kvu"], {}).kv_unified is True
+    assert parse_settings(["-m", str(model_file), "--no-kv-unified"], {}).kv_unified is False
+    assert parse_settings(["-m", str(model_file), "-no-kvu"], {}).kv_unified is False
+    with pytest.raises(SettingsError, match="choose one"):
+        parse_settings(["-m", str(model_file), "-kvu", "--no-kv-unified"], {})

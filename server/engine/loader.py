@@ -1,5 +1,6 @@
 """Model and context creation for the engine (worker thread): llama_vq.Llama with one sequence per
-slot in a unified KV cache, the windowed SWA cache unless --swa-full, then the caches and the loop."""
+slot in a unified KV cache (a stream per slot with --no-kv-unified), the windowed SWA cache unless
+--swa-full, then the caches and the loop."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def load(engine: Any) -> None:
 
 
 def _open_llama(engine: Any) -> Any:
-    """The llama_vq.Llama (model + one context of n_seq_max = slots, unified KV) the settings describe."""
+    """The llama_vq.Llama (model + one context of n_seq_max = slots, unified KV unless --no-kv-unified) the
+    settings describe."""
     import llama_vq  # noqa: PLC0415
 
     s = engine.settings
@@ -78,7 +80,7 @@ def _open_llama(engine: Any) -> Any:
         n_batch=s.batch_size,
         n_ubatch=s.ubatch_size,
         n_seq_max=s.parallel,
-        kv_unified=True,
+        kv_unified=s.kv_unified,
         swa_full=s.swa_full,
         verbose=s.verbose,
     )
