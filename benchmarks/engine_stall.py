@@ -41,7 +41,9 @@ def main() -> int:
     ap.add_argument("--keep", type=int, default=4, help="batches to print at a stall")
     a = ap.parse_args()
 
-    import llama_vq  # noqa: F401  (binds llama_cpp)
+    import llama_vq  # noqa: F401  (binds llama_cpp to our library before anything imports it)
+
+    # isort: split
     import llama_cpp
     from engine_support import greedy, start_engine
 
@@ -74,8 +76,8 @@ def main() -> int:
         while True:
             time.sleep(0.5)
             if time.monotonic() - progress[0] > a.stall_s:
-                print(f"STALL: no token for {a.stall_s:.0f} s after {progress[1]} tokens; last batches "
-                      "(batch: seq -> (first pos, n); cached: seq -> (pos_min, pos_max) before the decode):", flush=True)
+                print(f"STALL: no token for {a.stall_s:.0f} s after {progress[1]} tokens; last batches (batch: "
+                      "seq -> (first pos, n); cached: seq -> (pos_min, pos_max) before the decode):", flush=True)
                 now = time.monotonic()
                 for r in batches:
                     print(f"  {now - r['t']:6.1f} s ago: n_tokens {r['n_tokens']} ret {r.get('ret', 'RUNNING')} "

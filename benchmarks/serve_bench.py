@@ -50,7 +50,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_build import cmd_build  # noqa: E402  (the build subcommand lives beside this file)
 
-
 # ---- servers ---------------------------------------------------------------------------------------
 
 
@@ -155,7 +154,6 @@ def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list
 # ---- throughput ------------------------------------------------------------------------------------
 
 from serve_prompts import PROMPTS  # noqa: E402
-
 
 # seconds a request may take before it counts as failed (--request-timeout): its total time, not only the time
 # without a byte, since our server sends `: keepalive` every 5 s while a request makes no progress

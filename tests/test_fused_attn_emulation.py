@@ -36,7 +36,7 @@ def host_splits(n_kv: int, n_head_kv: int, ntiles: int, n_stream: int, nsm: int 
     return nsplit, cps
 
 
-def fwht_inplace(x: "np.ndarray", n: int) -> None:
+def fwht_inplace(x: np.ndarray, n: int) -> None:
     """The kernel's shared-memory butterflies over a flat array of segments of n (pairs (i, i + h))."""
     npairs = x.size // 2
     p = np.arange(npairs)
@@ -133,14 +133,14 @@ def emulate(q, k, v, mask, sinks, scale, n_rot=0, nsm=132):
                         col = col0 + c
                         if nsplit == 1:
                             tok, head = col % ntok, h * gqa + col // ntok
-                            f, l = np.float32(1), l_sh[c]
+                            f, lsum = np.float32(1), l_sh[c]
                             if sinks is not None:
                                 sk = np.float32(sinks[head])
                                 m = m_sh[c]
                                 mn = max(m, sk)
                                 f = np.float32(0) if m == NEG_INF else np.float32(np.exp(m - mn))
-                                l = l * f + np.float32(np.exp(sk - mn))
-                            dst[s, head, tok] = o[c] * f / l
+                                lsum = lsum * f + np.float32(np.exp(sk - mn))
+                            dst[s, head, tok] = o[c] * f / lsum
                         else:
                             part_o[s, h, z, col] = o[c]
                             part_ml[s, h, z, col] = (m_sh[c], l_sh[c])
@@ -153,10 +153,10 @@ def emulate(q, k, v, mask, sinks, scale, n_rot=0, nsm=132):
                     m = max(m, mz.max())
                     with np.errstate(invalid="ignore"):
                         w = np.where(mz == NEG_INF, np.float32(0), np.exp(mz - m)).astype(np.float32)
-                    l = np.float32(np.exp(np.float32(sinks[head]) - m)) if sinks is not None else np.float32(0)
+                    lsum = np.float32(np.exp(np.float32(sinks[head]) - m)) if sinks is not None else np.float32(0)
                     for z in range(nsplit):
-                        l = l + w[z] * part_ml[s, h, z, col, 1]
-                    il = np.float32(1) / l
+                        lsum = lsum + w[z] * part_ml[s, h, z, col, 1]
+                    il = np.float32(1) / lsum
                     o = np.zeros(dv, dtype=np.float32)
                     for z in range(nsplit):
                         o = o + w[z] * part_o[s, h, z, col]
@@ -164,7 +164,7 @@ def emulate(q, k, v, mask, sinks, scale, n_rot=0, nsm=132):
     return dst
 
 
-def hadamard(n: int) -> "np.ndarray":
+def hadamard(n: int) -> np.ndarray:
     r = np.arange(n)
     bits = np.vectorize(lambda x: bin(x).count("1"))(r[:, None] & r[None, :])
     return np.where(bits % 2 == 0, 1.0, -1.0) / math.sqrt(n)
@@ -231,7 +231,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("dk,dv,n_head,n_head_kv,n_kv,ntok,use_sinks,n_rot,n_stream,nsm", CASES)
-def test_fused_attn_split_combine_matches_softmax(dk, dv, n_head, n_head_kv, n_kv, ntok, use_sinks, n_rot, n_stream, nsm):
+def test_fused_attn_split_combine_matches_softmax(
+    dk, dv, n_head, n_head_kv, n_kv, ntok, use_sinks, n_rot, n_stream, nsm
+):
     rng = np.random.default_rng(dk * 131 + n_kv * 7 + ntok)
     q = rng.uniform(-3, 3, size=(n_stream, n_head, ntok, dk)).astype(np.float32)
     k = rng.uniform(-1, 1, size=(n_stream, n_head_kv, n_kv, dk)).astype(np.float32)

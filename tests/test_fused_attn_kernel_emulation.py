@@ -55,8 +55,8 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(tmp_path):
     inc = tmp_path / "kernel.inc"
     inc.write_text(kernel_source())
     exe = tmp_path / "harness"
-    cmd = [cxx, "-std=c++20", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-           f'-DKERNEL_INC="{inc}"', str(HARNESS), "-o", str(exe)]
+    cmd = [cxx, "-std=c++20", "-O1", "-g", "-pthread", "-fsanitize=address,undefined",
+           "-fno-sanitize-recover=undefined", f'-DKERNEL_INC="{inc}"', str(HARNESS), "-o", str(exe)]
     proc = subprocess.run(["nice", "-n", "5", *cmd], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")

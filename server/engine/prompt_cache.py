@@ -38,7 +38,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Union
 
 import llama_cpp
 import numpy as np
@@ -49,7 +48,7 @@ log = logging.getLogger("llama_vq.server.engine")
 
 PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
-StateBytes = Union[bytes, np.ndarray]  # a state as llama.cpp wrote it (uint8 array) or as read from a file
+StateBytes = bytes | np.ndarray  # a state as llama.cpp wrote it (uint8 array) or as read from a file
 
 
 @dataclass
