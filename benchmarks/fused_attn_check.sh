@@ -2,10 +2,11 @@
 # Issue 12 item 4 on a CUDA machine, one call (< 10 min): patch 0023, ggml-cuda's fused decode attention for a quantized
 # K/V cache with FA off (K*Q -> softmax -> V*P in one pass, flash-decoding splits + a combine kernel; off by default,
 # LLAMA_VQ_CUDA_FUSED_ATTN=1 turns it on), most important first:
-#   1. build llama-bench + test-backend-ops (FA kernels off)
+#   1. build llama-bench + test-backend-ops + llama-perplexity (FA kernels off)
 #   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
 #      kernel ran (plain and with the query rotation). On a failure the same cases run unfused as a control, and
 #      nothing is timed
+#   2b. KL from f16 of q4_0/q4_0 with 8-token batches (where 0023 fires), fused and with the separate ops
 #   3. op timings of the whole chain (test-backend-ops perf), fused and unfused
 #   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and unfused, with
 #      the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); ratios against f16/f16
@@ -21,9 +22,9 @@ late() { [ $(( $(date +%s) - t0 )) -gt "${DEADLINE:-540}" ]; }
 gen llama8b llama --preset llama-3.1-8b
 B=/tmp/fattn-build
 bin=$B/build/bin
-if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/test-backend-ops" ]; then
+if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/test-backend-ops" ] || [ ! -x "$bin/llama-perplexity" ]; then
     log "1. build (FA kernels off)"
-    build_tools "$B" off llama-bench,test-backend-ops
+    build_tools "$B" off llama-bench,test-backend-ops,llama-perplexity
 fi
 log built
 
@@ -52,6 +53,27 @@ if [ "$rc" != 0 ]; then
     log "test-backend-ops failed: nothing timed"
     exit 1
 fi
+
+log "2b. fidelity: KL from f16 of q4_0/q4_0 (FA off) with batches of 8 tokens, where 0023 fires: fused vs separate ops"
+# 0023 fuses decode-sized batches only (<= 8 tokens per stream), so llama-perplexity runs with -b 8 -ub 8; the fused
+# kernel computes the separate ops' math in f32, so the two KLs should agree (and so inherit the separate ops' bound
+# against FA on, tests/test_v_cache.py); 8B shape, 4 x 512 tokens of llama.cpp's own docs
+wait_model llama8b
+cat "$C"/llama.cpp/*.md "$C"/llama.cpp/tools/*/README.md > /tmp/ppl-text.txt
+ppl() { # label [ENV=VALUE ...] -- args...: llama-perplexity on the 8B shape, its KL lines into the log
+    local label=$1; shift
+    local envs=()
+    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    env ${envs[@]+"${envs[@]}"} LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 120 "$bin/llama-perplexity" -m "$M/synth-llama8b.gguf" \
+        -f /tmp/ppl-text.txt -c 512 -b 8 -ub 8 --chunks 4 -fa off -ngl 99 "$@" > "$OUT/ppl-$label.log" 2>&1 \
+        || { echo "$label: failed ($(tail -1 "$OUT/ppl-$label.log"))" | tee -a "$txt"; return; }
+    grep -E "^(Mean +KLD|Same top p|Mean PPL\(Q\)/PPL\(base\))" "$OUT/ppl-$label.log" | sed "s/^/$label: /" | tee -a "$txt"
+    echo "$label: $(attn_counts "$OUT/ppl-$label.log")" | tee -a "$txt"
+}
+ppl base -- --kl-divergence-base /tmp/kld-base
+ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence
+ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence
 
 log "3. op timings of the chain (us per run, test-backend-ops perf): fused vs unfused"
 LLAMA_VQ_CUDA_FUSED_ATTN=1 "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-fused.log" 2>&1
