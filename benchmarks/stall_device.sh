@@ -4,6 +4,8 @@
 # each) on the MiMo-shaped model (tools/synth_models.py mimo --preset attn), -np 8, q8_0 K / q4_0 V, FA off, -ngl 999,
 # once per variant (environment switches, server flags), each in its own process; a stall prints the last batches and
 # the stacks. Then, if time is left, test-backend-ops ATTN_DECODE_FUSED (patch 0023) against the CPU.
+# Its first run (2026-12-01, H200) found the stall to need CUDA graphs and a quantized V's OUT_PROD on its GEMM path;
+# patch 0024 keeps such graphs out of CUDA graphs, so with it every variant should now run through: a regression check.
 # Here, once:
 #   python3 benchmarks/carry.py .stage/carry --tokenizer-from <SmolLM2 GGUF>
 #   .venv/bin/python benchmarks/pack_python.py .stage/py.tar.xz
