@@ -30,31 +30,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from serve_prompts import PROMPTS  # noqa: E402  (serve_bench's: the same prompts meet the same cache layout)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--flags", default="-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off")
-    ap.add_argument("--clients", default="1,2,4,8")
-    ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--stall-s", type=float, default=15.0)
-    ap.add_argument("--keep", type=int, default=4, help="batches to print at a stall")
-    a = ap.parse_args()
-
-    import llama_vq  # noqa: F401  (binds llama_cpp to our library before anything imports it)
-
-    # isort: split
+def record_decodes(engine, keep: int) -> collections.deque:
+    """Wrap llama_decode so that the engine's last ``keep`` batches are recorded before they run: each
+    sequence's (first position, token count) in the batch, every slot's cached range, the call's result."""
     import llama_cpp
-    from engine_support import greedy, start_engine
 
-    batches: collections.deque = collections.deque(maxlen=a.keep)
-    progress = [time.monotonic(), 0]
-    engine = start_engine(a.model, *shlex.split(a.flags))
+    batches: collections.deque = collections.deque(maxlen=keep)
     n_slots = engine._core.n_slots
     mem = llama_cpp.llama_get_memory(engine._core.ctx)
     real_decode = llama_cpp.llama_decode
 
-    def decode(ctx, b):  # the engine's calls, recorded before they run
+    def decode(ctx, b):
         seqs: dict[int, list[int]] = {}
         for i in range(b.n_tokens):
             seqs.setdefault(int(b.seq_id[i][0]), []).append(int(b.pos[i]))
@@ -71,29 +57,34 @@ def main() -> int:
         return ret
 
     llama_cpp.llama_decode = decode
+    return batches
 
-    def watchdog() -> None:
-        while True:
-            time.sleep(0.5)
-            if time.monotonic() - progress[0] > a.stall_s:
-                print(f"STALL: no token for {a.stall_s:.0f} s after {progress[1]} tokens; last batches (batch: "
-                      "seq -> (first pos, n); cached: seq -> (pos_min, pos_max) before the decode):", flush=True)
-                now = time.monotonic()
-                for r in batches:
-                    print(f"  {now - r['t']:6.1f} s ago: n_tokens {r['n_tokens']} ret {r.get('ret', 'RUNNING')} "
-                          f"call {r.get('call_ms', float('nan')):.1f} ms batch {r['batch']} cached {r['cached']}",
-                          flush=True)
-                faulthandler.dump_traceback(all_threads=True)
-                sys.stdout.flush()
-                os._exit(3)
 
-    threading.Thread(target=watchdog, daemon=True).start()
+def watch(progress: list, batches: collections.deque, stall_s: float) -> None:
+    """Watchdog thread: no token for ``stall_s`` seconds -> the last batches and every stack, then exit 3."""
+    while True:
+        time.sleep(0.5)
+        if time.monotonic() - progress[0] <= stall_s:
+            continue
+        print(f"STALL: no token for {stall_s:.0f} s after {progress[1]} tokens; last batches (batch: "
+              "seq -> (first pos, n); cached: seq -> (pos_min, pos_max) before the decode):", flush=True)
+        now = time.monotonic()
+        for r in batches:
+            print(f"  {now - r['t']:6.1f} s ago: n_tokens {r['n_tokens']} ret {r.get('ret', 'RUNNING')} "
+                  f"call {r.get('call_ms', float('nan')):.1f} ms batch {r['batch']} cached {r['cached']}", flush=True)
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stdout.flush()
+        os._exit(3)
 
-    async def client(c: int, prompts: list[list[int]]) -> int:
+
+async def run_phases(engine, a: argparse.Namespace, progress: list) -> None:
+    """serve_bench's client rounds: per round, ``k`` clients each sending ``a.requests`` requests in turn."""
+    from engine_support import greedy
+
+    async def client(prompts: list[list[int]]) -> int:
         n = 0
         for p in prompts:
-            job = engine.submit(greedy(p, a.max_tokens, ignore_eos=True))
-            async for ev in job.events():
+            async for ev in engine.submit(greedy(p, a.max_tokens, ignore_eos=True)).events():
                 progress[0] = time.monotonic()
                 progress[1] += 1
                 if type(ev).__name__ == "DoneEvent":
@@ -101,16 +92,35 @@ def main() -> int:
                     break
         return n
 
-    async def phases() -> None:
-        for k in (int(x) for x in a.clients.split(",")):
-            prompts = [[engine.tokenize(PROMPTS[(c * a.requests + i) % len(PROMPTS)] + f" ({c}.{i})")
-                        for i in range(a.requests)] for c in range(k)]
-            t0 = time.monotonic()
-            progress[0] = t0
-            n = sum(await asyncio.gather(*(client(c, prompts[c]) for c in range(k))))
-            print(f"clients {k}: {n / (time.monotonic() - t0):.1f} tok/s ({n} tokens)", flush=True)
+    for k in (int(x) for x in a.clients.split(",")):
+        prompts = [[engine.tokenize(PROMPTS[(c * a.requests + i) % len(PROMPTS)] + f" ({c}.{i})")
+                    for i in range(a.requests)] for c in range(k)]
+        t0 = progress[0] = time.monotonic()
+        n = sum(await asyncio.gather(*(client(prompts[c]) for c in range(k))))
+        print(f"clients {k}: {n / (time.monotonic() - t0):.1f} tok/s ({n} tokens)", flush=True)
 
-    asyncio.run(phases())
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--flags", default="-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--stall-s", type=float, default=15.0)
+    ap.add_argument("--keep", type=int, default=4, help="batches to print at a stall")
+    a = ap.parse_args()
+
+    import llama_vq  # noqa: F401  (binds llama_cpp to our library before anything imports it)
+
+    # isort: split
+    from engine_support import start_engine
+
+    engine = start_engine(a.model, *shlex.split(a.flags))
+    batches = record_decodes(engine, a.keep)
+    progress = [time.monotonic(), 0]  # last token's time, tokens so far
+    threading.Thread(target=watch, args=(progress, batches, a.stall_s), daemon=True).start()
+    asyncio.run(run_phases(engine, a, progress))
     engine.shutdown()
     return 0
 
