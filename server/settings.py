@@ -137,6 +137,23 @@ def parse_settings(
 
 
 def _finish(v: dict[str, Any]) -> Settings:
+    _api_keys(v)
+    _paths(v)
+    _negated_switches(v)
+    # llama.cpp lowers the micro-batch to the batch (llama_context: n_ubatch = min(n_batch, n_ubatch)),
+    # so `-b 32` alone works as it does with llama-server.
+    if v.get("ubatch_size", Settings.ubatch_size) > v.get("batch_size", Settings.batch_size):
+        v["ubatch_size"] = v.get("batch_size", Settings.batch_size)
+    st = Settings(**v)
+    if st.state_budget <= 0:
+        raise SettingsError("--state-budget: must be larger than 0")
+    if st.max_body_bytes < 1024:
+        raise SettingsError("--max-body-size: must be at least 1K")
+    return st
+
+
+def _api_keys(v: dict[str, Any]) -> None:
+    """--api-key (comma-separated) and --api-key-file (one per line) into api_keys, deduplicated."""
     keys: list[str] = []
     if "api_key" in v:
         keys += [k.strip() for k in v.pop("api_key").split(",") if k.strip()]
@@ -155,6 +172,9 @@ def _finish(v: dict[str, Any]) -> Settings:
     if keys:
         v["api_keys"] = tuple(dict.fromkeys(keys))
 
+
+def _paths(v: dict[str, Any]) -> None:
+    """--model, --chat-template-file and --state-dir checked and resolved before anything loads."""
     if "model" in v:
         path = Path(v["model"]).expanduser()
         if not path.is_file():
@@ -163,14 +183,6 @@ def _finish(v: dict[str, Any]) -> Settings:
         if not os.access(path, os.R_OK):
             raise SettingsError(f"--model {str(path)!r}: is not readable by this user")
         v["model"] = path.resolve()
-
-    if "no_jinja" in v:
-        if v.pop("no_jinja"):
-            v["jinja"] = False
-    if v.pop("no_kv_unified", False):
-        if v.get("kv_unified"):
-            raise SettingsError("--kv-unified and --no-kv-unified: choose one")
-        v["kv_unified"] = False
     if "chat_template_file" in v:
         path = Path(v["chat_template_file"]).expanduser()
         try:
@@ -181,7 +193,6 @@ def _finish(v: dict[str, Any]) -> Settings:
         v["chat_template_file"] = path.resolve()
         if "chat_template" in v:
             raise SettingsError("--chat-template and --chat-template-file: give one of them, not both")
-
     if "state_dir" in v:
         d = Path(v["state_dir"]).expanduser()
         try:
@@ -194,16 +205,16 @@ def _finish(v: dict[str, Any]) -> Settings:
             raise SettingsError(f"--state-dir {str(d)!r}: is not writable by this user")
         v["state_dir"] = d.resolve()
 
-    # llama.cpp lowers the micro-batch to the batch (llama_context: n_ubatch = min(n_batch, n_ubatch)),
-    # so `-b 32` alone works as it does with llama-server.
-    if v.get("ubatch_size", Settings.ubatch_size) > v.get("batch_size", Settings.batch_size):
-        v["ubatch_size"] = v.get("batch_size", Settings.batch_size)
-    st = Settings(**v)
-    if st.state_budget <= 0:
-        raise SettingsError("--state-budget: must be larger than 0")
-    if st.max_body_bytes < 1024:
-        raise SettingsError("--max-body-size: must be at least 1K")
-    return st
+
+def _negated_switches(v: dict[str, Any]) -> None:
+    """--no-jinja and --no-kv-unified turn their positive settings off."""
+    if "no_jinja" in v:
+        if v.pop("no_jinja"):
+            v["jinja"] = False
+    if v.pop("no_kv_unified", False):
+        if v.get("kv_unified"):
+            raise SettingsError("--kv-unified and --no-kv-unified: choose one")
+        v["kv_unified"] = False
 
 
 def resolve_model(s: Settings) -> Path:
