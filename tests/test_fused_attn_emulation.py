@@ -63,7 +63,6 @@ def emulate(q, k, v, mask, sinks, scale, n_rot=0, nsm=132):
     nsplit, cps = host_splits(n_kv, n_head_kv, ntiles, n_stream, nsm)
     yscale = np.float32(1.0 / math.sqrt(n_rot)) if n_rot else np.float32(1.0)
 
-    nslots_v = dv // 8
     dst = np.full((n_stream, n_head, ntok, dv), np.nan, dtype=np.float32)
     part_o = np.full((n_stream, n_head_kv, nsplit, ncols, dv), np.nan, dtype=np.float32)
     part_ml = np.full((n_stream, n_head_kv, nsplit, ncols, 2), np.nan, dtype=np.float32)
@@ -84,84 +83,92 @@ def emulate(q, k, v, mask, sinks, scale, n_rot=0, nsm=132):
                     flat = q_sh.reshape(-1)
                     fwht_inplace(flat, n_rot)
                     q_sh = flat.reshape(ncp, dk)
-                ncombo = nslots_v * nchunk
-                nph = max(1, 128 // ncombo)
+                mrows = None if mask is None else mask[s % mask.shape[0], heads % mask.shape[1], toks]  # [nc, n_kv]
+                nph = max(1, 128 // ((dv // 8) * nchunk))
                 for z in range(nsplit):
-                    c_begin = z * cps
-                    c_end = min(c_begin + cps, n_kv)
-                    m_sh = np.full(AD_CT, NEG_INF, dtype=np.float32)
-                    l_sh = np.zeros(AD_CT, dtype=np.float32)
-                    # accumulators per phase (the cells c = ph, ph + nph, ... of each tile)
-                    acc = np.zeros((nph, ncp, dv), dtype=np.float32)
-                    for t0 in range(c_begin, c_end, AD_TC):
-                        tn = min(AD_TC, c_end - t0)
-                        # A. scores; padded columns 0, cells past the split: untouched by B (c >= tn)
-                        s_sh = np.zeros((AD_TC, ncp), dtype=np.float32)
-                        kt = k[s, h, t0:t0 + tn]  # [tn, dk]
-                        d = (kt @ q_sh[:nc].T).astype(np.float32)  # [tn, nc]
-                        sc = d * np.float32(scale)
-                        if mask is not None:
-                            m_ne3, m_ne2 = mask.shape[0], mask.shape[1]
-                            mrows = mask[s % m_ne3, heads % m_ne2, toks]  # [nc, n_kv]
-                            sc = sc + mrows[:, t0:t0 + tn].T
-                        s_sh[:tn, :nc] = sc
-                        # B. online softmax
-                        mx = np.max(s_sh[:tn, :nc], axis=0)
-                        m_old = m_sh[:nc].copy()
-                        m_new = np.maximum(m_old, mx)
-                        sv = s_sh[:tn, :nc]
-                        with np.errstate(invalid="ignore", over="ignore"):
-                            pr = np.where(sv == NEG_INF, np.float32(0), np.exp(sv - m_new[None, :])).astype(np.float32)
-                            alpha = np.where(m_old == NEG_INF, np.float32(0), np.exp(m_old - m_new)).astype(np.float32)
-                        s_sh[:tn, :nc] = pr
-                        s_sh[tn:, :nc] = 0
-                        l_sh[:nc] = l_sh[:nc] * alpha + pr.sum(axis=0, dtype=np.float32)
-                        m_sh[:nc] = m_new
-                        a_full = np.ones(ncp, dtype=np.float32)
-                        a_full[:nc] = alpha
-                        # C. V*P by phases
-                        acc *= a_full[None, :, None]
-                        vt = v[s, h, t0:t0 + tn]  # [tn, dv]
-                        for ph in range(nph):
-                            idx = np.arange(ph, tn, nph)
-                            if idx.size:
-                                acc[ph] += (s_sh[idx, :].T @ vt[idx]).astype(np.float32)
-                    o = acc[0].copy()
-                    for ph in range(1, nph):
-                        o = o + acc[ph]
+                    span = (z * cps, min(z * cps + cps, n_kv))
+                    o, m_sh, l_sh = _split_tile(q_sh, k[s, h], v[s, h], mrows, scale, span, nc, nph)
                     for c in range(nc):
                         col = col0 + c
                         if nsplit == 1:
-                            tok, head = col % ntok, h * gqa + col // ntok
-                            f, lsum = np.float32(1), l_sh[c]
-                            if sinks is not None:
-                                sk = np.float32(sinks[head])
-                                m = m_sh[c]
-                                mn = max(m, sk)
-                                f = np.float32(0) if m == NEG_INF else np.float32(np.exp(m - mn))
-                                lsum = lsum * f + np.float32(np.exp(sk - mn))
-                            dst[s, head, tok] = o[c] * f / lsum
+                            head = h * gqa + col // ntok
+                            sink = None if sinks is None else np.float32(sinks[head])
+                            dst[s, head, col % ntok] = _normalize(o[c], m_sh[c], l_sh[c], sink)
                         else:
                             part_o[s, h, z, col] = o[c]
                             part_ml[s, h, z, col] = (m_sh[c], l_sh[c])
             if nsplit > 1:
-                # combine: one block per (column, KV head, stream)
-                for col in range(ncols):
-                    tok, head = col % ntok, h * gqa + col // ntok
-                    mz = part_ml[s, h, :, col, 0]
-                    m = np.float32(sinks[head]) if sinks is not None else NEG_INF
-                    m = max(m, mz.max())
-                    with np.errstate(invalid="ignore"):
-                        w = np.where(mz == NEG_INF, np.float32(0), np.exp(mz - m)).astype(np.float32)
-                    lsum = np.float32(np.exp(np.float32(sinks[head]) - m)) if sinks is not None else np.float32(0)
-                    for z in range(nsplit):
-                        lsum = lsum + w[z] * part_ml[s, h, z, col, 1]
-                    il = np.float32(1) / lsum
-                    o = np.zeros(dv, dtype=np.float32)
-                    for z in range(nsplit):
-                        o = o + w[z] * part_o[s, h, z, col]
-                    dst[s, head, tok] = o * il
+                for col in range(ncols):  # combine: one block per (column, KV head, stream)
+                    head = h * gqa + col // ntok
+                    sink = None if sinks is None else np.float32(sinks[head])
+                    dst[s, head, col % ntok] = _combine(part_o[s, h, :, col], part_ml[s, h, :, col], sink)
     return dst
+
+
+def _split_tile(q_sh, kh, vh, mrows, scale, span, nc, nph):
+    """One block's cells ``span`` for one tile of columns: scores, online softmax and V*P per 64-cell tile, the
+    accumulators kept per phase (cells ph, ph + nph, ...) and summed in order. Returns (o, m, l) per column."""
+    ncp, dv = q_sh.shape[0], vh.shape[1]
+    m_sh = np.full(AD_CT, NEG_INF, dtype=np.float32)
+    l_sh = np.zeros(AD_CT, dtype=np.float32)
+    acc = np.zeros((nph, ncp, dv), dtype=np.float32)
+    for t0 in range(span[0], span[1], AD_TC):
+        tn = min(AD_TC, span[1] - t0)
+        # A. scores; padded columns 0, cells past the split: untouched by B (c >= tn)
+        s_sh = np.zeros((AD_TC, ncp), dtype=np.float32)
+        sc = (kh[t0:t0 + tn] @ q_sh[:nc].T).astype(np.float32) * np.float32(scale)  # [tn, nc]
+        if mrows is not None:
+            sc = sc + mrows[:, t0:t0 + tn].T
+        s_sh[:tn, :nc] = sc
+        # B. online softmax
+        m_old = m_sh[:nc].copy()
+        m_new = np.maximum(m_old, np.max(s_sh[:tn, :nc], axis=0))
+        sv = s_sh[:tn, :nc]
+        with np.errstate(invalid="ignore", over="ignore"):
+            pr = np.where(sv == NEG_INF, np.float32(0), np.exp(sv - m_new[None, :])).astype(np.float32)
+            alpha = np.where(m_old == NEG_INF, np.float32(0), np.exp(m_old - m_new)).astype(np.float32)
+        s_sh[:tn, :nc] = pr
+        s_sh[tn:, :nc] = 0
+        l_sh[:nc] = l_sh[:nc] * alpha + pr.sum(axis=0, dtype=np.float32)
+        m_sh[:nc] = m_new
+        a_full = np.ones(ncp, dtype=np.float32)
+        a_full[:nc] = alpha
+        # C. V*P by phases
+        acc *= a_full[None, :, None]
+        vt = vh[t0:t0 + tn]  # [tn, dv]
+        for ph in range(nph):
+            idx = np.arange(ph, tn, nph)
+            if idx.size:
+                acc[ph] += (s_sh[idx, :].T @ vt[idx]).astype(np.float32)
+    o = acc[0].copy()
+    for ph in range(1, nph):
+        o = o + acc[ph]
+    return o, m_sh, l_sh
+
+
+def _normalize(o, m, lsum, sink):
+    """One split: the column's output, the sink joining the max and the sum only."""
+    f = np.float32(1)
+    if sink is not None:
+        mn = max(m, sink)
+        f = np.float32(0) if m == NEG_INF else np.float32(np.exp(m - mn))
+        lsum = lsum * f + np.float32(np.exp(sink - mn))
+    return o * f / lsum
+
+
+def _combine(part_o, part_ml, sink):
+    """Several splits: their partial (m, l, o) merged in split order, as k_attn_decode_combine does."""
+    mz = part_ml[:, 0]
+    m = max(sink if sink is not None else NEG_INF, mz.max())
+    with np.errstate(invalid="ignore"):
+        w = np.where(mz == NEG_INF, np.float32(0), np.exp(mz - m)).astype(np.float32)
+    lsum = np.float32(np.exp(sink - m)) if sink is not None else np.float32(0)
+    for z in range(len(mz)):
+        lsum = lsum + w[z] * part_ml[z, 1]
+    o = np.zeros(part_o.shape[1], dtype=np.float32)
+    for z in range(len(mz)):
+        o = o + w[z] * part_o[z]
+    return o * (np.float32(1) / lsum)
 
 
 def hadamard(n: int) -> np.ndarray:
