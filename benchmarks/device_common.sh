@@ -86,3 +86,18 @@ server_python() {
     export PYTHONPATH=$here
 }
 
+# ppl_kl TXT LABEL [ENV=VALUE ...] -- ARGS...: llama-perplexity on the 8B shape over 4 x 512 tokens of llama.cpp's own
+# docs, FA off, with ARGS (e.g. --kl-divergence-base FILE [--kl-divergence], cache types, batch sizes); its log in
+# $OUT/ppl-LABEL.log, its KL / top-token / PPL-ratio lines appended to TXT; $bin is the tools folder
+ppl_kl() {
+    local txt=$1 label=$2; shift 2
+    local envs=()
+    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    [ -s /tmp/ppl-text.txt ] || cat "$C"/llama.cpp/*.md "$C"/llama.cpp/tools/*/README.md > /tmp/ppl-text.txt
+    env ${envs[@]+"${envs[@]}"} timeout 300 "$bin/llama-perplexity" -m "$M/synth-llama8b.gguf" -f /tmp/ppl-text.txt \
+        -c 512 --chunks 4 -fa off "$@" > "$OUT/ppl-$label.log" 2>&1 \
+        || { echo "$label: failed ($(tail -1 "$OUT/ppl-$label.log"))" | tee -a "$txt"; return 1; }
+    grep -E "^(Mean +KLD|Same top p|Mean PPL\(Q\)/PPL\(base\))" "$OUT/ppl-$label.log" | sed "s/^/$label: /" | tee -a "$txt"
+}
+

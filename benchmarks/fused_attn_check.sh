@@ -59,17 +59,9 @@ log "2b. fidelity: KL from f16 of q4_0/q4_0 (FA off) with batches of 8 tokens, w
 # kernel computes the separate ops' math in f32, so the two KLs should agree (and so inherit the separate ops' bound
 # against FA on, tests/test_v_cache.py); 8B shape, 4 x 512 tokens of llama.cpp's own docs
 wait_model llama8b
-cat "$C"/llama.cpp/*.md "$C"/llama.cpp/tools/*/README.md > /tmp/ppl-text.txt
-ppl() { # label [ENV=VALUE ...] -- args...: llama-perplexity on the 8B shape, its KL lines into the log
-    local label=$1; shift
-    local envs=()
-    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    env ${envs[@]+"${envs[@]}"} LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 120 "$bin/llama-perplexity" -m "$M/synth-llama8b.gguf" \
-        -f /tmp/ppl-text.txt -c 512 -b 8 -ub 8 --chunks 4 -fa off -ngl 99 "$@" > "$OUT/ppl-$label.log" 2>&1 \
-        || { echo "$label: failed ($(tail -1 "$OUT/ppl-$label.log"))" | tee -a "$txt"; return; }
-    grep -E "^(Mean +KLD|Same top p|Mean PPL\(Q\)/PPL\(base\))" "$OUT/ppl-$label.log" | sed "s/^/$label: /" | tee -a "$txt"
-    echo "$label: $(attn_counts "$OUT/ppl-$label.log")" | tee -a "$txt"
+ppl() { # label [ENV=VALUE ...] -- args...: with 8-token batches, and 0023's fusion count for the run
+    ppl_kl "$txt" "$1" LLAMA_VQ_CUDA_FUSION_STATS=1 "${@:2}" -b 8 -ub 8 -ngl 99 || return
+    echo "$1: $(attn_counts "$OUT/ppl-$1.log")" | tee -a "$txt"
 }
 ppl base -- --kl-divergence-base /tmp/kld-base
 ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence

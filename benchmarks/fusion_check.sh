@@ -45,20 +45,14 @@ bench fused q8_0 q8_0
 bench f16 f16 f16
 
 log "3. fidelity: KL of q4_0/q4_0 (FA off) from f16/f16, 8B shape, 4 x 512 tokens of llama.cpp's own docs"
-cat "$C"/llama.cpp/*.md "$C"/llama.cpp/tools/*/README.md > /tmp/ppl-text.txt
-ppl() { # label args...: llama-perplexity on the 8B shape, its KL lines into fusion.txt
-    local label=$1; shift
-    "$bin/llama-perplexity" -m "$M/synth-llama8b.gguf" -f /tmp/ppl-text.txt -c 512 --chunks 4 -fa off "$@" \
-        > "$OUT/ppl-$label.log" 2>&1 || { echo "$label: failed ($(tail -1 "$OUT/ppl-$label.log"))" | tee -a "$OUT/fusion.txt"; return; }
-    grep -E "^(Mean +KLD|Same top p|Mean PPL\(Q\)/PPL\(base\))" "$OUT/ppl-$label.log" | sed "s/^/$label: /" | tee -a "$OUT/fusion.txt"
-}
-ppl gpu-base -ngl 99 --kl-divergence-base /tmp/kld-gpu
-ppl gpu-fused -ngl 99 -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-gpu --kl-divergence
+ppl() { ppl_kl "$OUT/fusion.txt" "$@"; }  # label [ENV=VALUE ...] -- args...
+ppl gpu-base -- -ngl 99 --kl-divergence-base /tmp/kld-gpu
+ppl gpu-fused -- -ngl 99 -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-gpu --kl-divergence
 export LLAMA_VQ_CUDA_FUSE_ROTATION=0
-ppl gpu-unfused -ngl 99 -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-gpu --kl-divergence
+ppl gpu-unfused -- -ngl 99 -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-gpu --kl-divergence
 export LLAMA_VQ_CUDA_FUSE_ROTATION=1
-ppl cpu-base -dev none -t "$(nproc)" --kl-divergence-base /tmp/kld-cpu
-ppl cpu -dev none -t "$(nproc)" -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-cpu --kl-divergence
+ppl cpu-base -- -dev none -t "$(nproc)" --kl-divergence-base /tmp/kld-cpu
+ppl cpu -- -dev none -t "$(nproc)" -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-cpu --kl-divergence
 
 wait_model mimo
 deadline=$(( ${DEADLINE:-560} - ($(date +%s) - t0) ))
