@@ -79,3 +79,29 @@ def test_lazy_grammar_waits_for_its_trigger(engine):
     free = _run(engine, sampling=Sampling(temperature=0), max_tokens=8)[1]
     never = Grammar('root ::= "<x>" [0-9]+', lazy=True, trigger_patterns=("<x>",))
     assert _run(engine, sampling=Sampling(temperature=0), grammar=never, max_tokens=8)[1] == free
+
+
+def test_the_batch_loops_short_calls_keep_the_gil_and_are_the_librarys_own():
+    """server/engine/held.py: the sampler, EOG, piece and position calls go through a PyDLL view of the loaded
+    libllama (the GIL is kept across them), at the bindings' addresses and with their signatures."""
+    import ctypes
+
+    import llama_cpp
+
+    from server.engine import held
+
+    pairs = [
+        (held.sampler_sample, llama_cpp.llama_sampler_sample),
+        (held.sampler_accept, llama_cpp.llama_sampler_accept),
+        (held.vocab_is_eog, llama_cpp.llama_vocab_is_eog),
+        (held.token_to_piece, llama_cpp.llama_token_to_piece),
+        (held.memory_seq_pos_min, llama_cpp.llama_memory_seq_pos_min),
+        (held.memory_seq_pos_max, llama_cpp.llama_memory_seq_pos_max),
+        (held.get_memory, llama_cpp.llama_get_memory),
+    ]
+    for fast, orig in pairs:
+        assert fast._flags_ & ctypes._FUNCFLAG_PYTHONAPI, fast  # no GIL release around the call
+        assert not orig._flags_ & ctypes._FUNCFLAG_PYTHONAPI
+        assert ctypes.cast(fast, ctypes.c_void_p).value == ctypes.cast(orig, ctypes.c_void_p).value
+        assert (fast.argtypes, fast.restype) == (orig.argtypes, orig.restype)
+

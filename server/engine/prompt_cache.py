@@ -43,6 +43,7 @@ import llama_cpp
 import numpy as np
 
 from ..kv_store import common_prefix
+from . import held
 
 log = logging.getLogger("llama_vq.server.engine")
 
@@ -138,11 +139,8 @@ def set_state(ctx: object, seq: int, data: StateBytes, flags: int = 0) -> bool:
 
 
 def seq_pos_range(ctx: object, seq: int) -> tuple[int, int]:
-    mem = llama_cpp.llama_get_memory(ctx)
-    return (
-        int(llama_cpp.llama_memory_seq_pos_min(mem, seq)),
-        int(llama_cpp.llama_memory_seq_pos_max(mem, seq)),
-    )
+    mem = held.get_memory(ctx)
+    return int(held.memory_seq_pos_min(mem, seq)), int(held.memory_seq_pos_max(mem, seq))
 
 
 # ---- what a cached sequence can give a new prompt -----------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 import llama_cpp
 
+from . import held
 from .errors import InvalidGrammar
 from .request import Grammar, Sampling
 
@@ -126,8 +127,8 @@ def _rest_chain(n_vocab: int, n_ctx: int, s: Sampling) -> Any:
 
 def token_piece(vocab: Any, token: int, special: bool) -> bytes:
     buf = ctypes.create_string_buffer(64)
-    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    n = held.token_to_piece(vocab, token, buf, len(buf), 0, special)
     if n < 0:
         buf = ctypes.create_string_buffer(-n)
-        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+        n = held.token_to_piece(vocab, token, buf, len(buf), 0, special)
     return buf.raw[:n]

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import llama_cpp
 import numpy as np
 
+from . import held
 from .errors import EngineFailure
 from .job import Job, JobQueue
 from .prompt_cache import PARTIAL, Checkpoint, get_state, seq_pos_range
@@ -192,9 +193,11 @@ class Scheduler:
         for s in prefill:
             if s.n_past < s.n_prompt:
                 s.job.emit(ProgressEvent(s.n_past, s.n_prompt, s.n_cached))
-        for s in active:
-            if s.busy and s.i_batch >= 0:
-                self._sample(s)
+        sampling = [s for s in active if s.busy and s.i_batch >= 0]
+        if sampling:
+            llama_cpp.llama_synchronize(core.ctx)  # the wait for the GPU, without the GIL (held.py)
+        for s in sampling:
+            self._sample(s)
 
     def _add(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
         b = self.batch
@@ -280,15 +283,15 @@ class Scheduler:
             self.observe("ttft", now - job.arrival)
         watch = s.watch
         smpl = s.samplers.rest if watch is not None and watch.inside else s.chain  # grammar gated
-        tok = int(llama_cpp.llama_sampler_sample(smpl, core.ctx, s.i_batch))
+        tok = int(held.sampler_sample(smpl, core.ctx, s.i_batch))
         s.i_batch = -1
-        if llama_cpp.llama_vocab_is_eog(core.vocab, tok) and not job.request.ignore_eos:
+        if held.vocab_is_eog(core.vocab, tok) and not job.request.ignore_eos:
             self._finish(s, "stop")
             return
         s.tokens.append(tok)
         if watch is not None:
             for t in watch.push(tok, token_piece(core.vocab, tok, True)):  # a closing end tag: the grammar
-                llama_cpp.llama_sampler_accept(s.samplers.grammar, t)  # sees it (a trigger may start there)
+                held.sampler_accept(s.samplers.grammar, t)  # sees it (a trigger may start there)
         if s.n_generated:
             self.observe("tpot", now - s.t_last)
         s.t_last = now
