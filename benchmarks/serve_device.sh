@@ -11,7 +11,7 @@
 # There (carry .stage):  CARRY=.stage/carry OUT=<results> bash benchmarks/serve_device.sh
 # Env: CLIENTS (1,2,4,8), REQUESTS (3 per client), MAX_TOKENS (128), UNIFIED=1 (also the unified llama-server run),
 # DEADLINE (s after the start; later runs start only before it, default 420), TURNS (12), RESTART_AT (7),
-# AGENT_BUDGET (s, 150), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server), EXTRA (more server flags, e.g.
+# AGENT_BUDGET (s, 150), NO_AGENT=1 (no agent replay), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server), EXTRA (more server flags, e.g.
 # '--cache-ram 0' or '--swa-full'), DECODE_BENCH=1 (then issue 12's 8B decode ratios with 0023 off and on, started
 # before DECODE_DEADLINE s, default 480; REPS 1), REPEAT (throughput runs, default 1). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots
 # (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the throughput runs into
@@ -56,7 +56,7 @@ if [ -n "${UNIFIED:-}" ] && ! late "${DEADLINE:-420}"; then
         --request-timeout "$rt" --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" \
         --max-tokens "${MAX_TOKENS:-128}" 2>&1 | grep --line-buffered -v '^|' | tee -a "$OUT/serve.txt"
 fi
-if ! late "${DEADLINE:-420}"; then
+if [ -z "${NO_AGENT:-}" ] && ! late "${DEADLINE:-420}"; then
     log "agent replay (ours, then llama-server; turns ${TURNS:-12}, restart before ${RESTART_AT:-7})"
     timeout $(( ${AGENT_BUDGET:-150} )) python3 "$here/benchmarks/serve_bench.py" agent "${common[@]}" --out /tmp/sb/agent \
         --state-dir /tmp/agent-state --turns "${TURNS:-12}" --restart-at "${RESTART_AT:-7}" 2>&1 | grep --line-buffered -v '^|' \
