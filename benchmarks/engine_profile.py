@@ -7,9 +7,9 @@ serve_bench's client rounds (engine_stall.py's), with its llama.cpp calls and ba
 
 Per round it prints tok/s, TTFT p50/max as the engine's clients see them, and the worker thread's time split:
 decode calls of pure decode steps and of steps holding prompt tokens, the wait for their results (``sync``; on a GPU
-the decode runs meanwhile), the sampler calls, admissions (``_start``: slot choice, the RAM cache's stash, the cut), checkpoints, state reads and
-writes (count, MiB), and the rest (the batch loop's own Python). Written for issue 10's 4-client target on the
-GPU (RESULTS.md, engine section): which of these grows from 1 to 4 clients.
+the decode runs meanwhile), the sampler calls, admissions (``_start``: slot choice, the RAM cache's stash, the
+cut), checkpoints, state reads and writes (count, MiB), and the rest (the batch loop's own Python). Written for
+issue 10's 4-client target on the GPU (RESULTS.md, engine section): which of these grows from 1 to 4 clients.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from serve_prompts import PROMPTS  # noqa: E402
+from serve_prompts import round_prompts  # noqa: E402
 
 PHASES = ("step", "decode", "decode+prompt", "sync", "sample", "admit", "checkpoint", "state_read", "state_write")
 
@@ -128,8 +128,7 @@ async def rounds(engine, a: argparse.Namespace, clock: Clock) -> None:
         return n
 
     for k in (int(x) for x in a.clients.split(",")):
-        prompts = [[engine.tokenize(PROMPTS[(c * a.requests + i) % len(PROMPTS)] + f" ({c}.{i})")
-                    for i in range(a.requests)] for c in range(k)]
+        prompts = round_prompts(engine.tokenize, k, a.requests)
         ttft: list[float] = []
         clock.reset()
         t0 = time.monotonic()

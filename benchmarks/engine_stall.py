@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from serve_prompts import PROMPTS  # noqa: E402  (serve_bench's: the same prompts meet the same cache layout)
+from serve_prompts import round_prompts  # noqa: E402  (serve_bench's prompts: the same cache layout)
 
 
 def record_decodes(engine, keep: int) -> collections.deque:
@@ -93,8 +93,7 @@ async def run_phases(engine, a: argparse.Namespace, progress: list) -> None:
         return n
 
     for k in (int(x) for x in a.clients.split(",")):
-        prompts = [[engine.tokenize(PROMPTS[(c * a.requests + i) % len(PROMPTS)] + f" ({c}.{i})")
-                    for i in range(a.requests)] for c in range(k)]
+        prompts = round_prompts(engine.tokenize, k, a.requests)
         t0 = progress[0] = time.monotonic()
         n = sum(await asyncio.gather(*(client(prompts[c]) for c in range(k))))
         print(f"clients {k}: {n / (time.monotonic() - t0):.1f} tok/s ({n} tokens)", flush=True)

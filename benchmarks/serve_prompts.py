@@ -11,3 +11,10 @@ PROMPTS = [
     "The old lighthouse keeper looked out at the storm and",
     "def quicksort(items):\n    ",
 ]
+
+
+def round_prompts(tokenize, clients: int, requests: int) -> list[list[list[int]]]:
+    """Token prompts of one client round of engine_stall.py / engine_profile.py: per client, ``requests`` prompts,
+    each one of PROMPTS with the client and request numbers appended (no two alike)."""
+    return [[tokenize(PROMPTS[(c * requests + i) % len(PROMPTS)] + f" ({c}.{i})") for i in range(requests)]
+            for c in range(clients)]
