@@ -231,6 +231,23 @@ def run_clients(url: str, clients: int, requests: int, max_tokens: int) -> dict[
     }
 
 
+def start_spies(srv: Server, args: argparse.Namespace, n: int) -> list[subprocess.Popen]:
+    """With --spy-clients n: py-spy on our server for --spy-seconds of that round, twice at once: every thread's
+    samples, idle ones included (spy-N-all.txt), and only the GIL holder's (spy-N-gil.txt); spy_summary.py reads
+    them (a Python frame sampled but not holding the GIL is a wait for it, or a call into C)."""
+    exe = shutil.which("py-spy") or os.environ.get("PY_SPY", "")
+    if n != args.spy_clients or not exe or not os.path.exists(exe):
+        return []
+    base = [exe, "record", "--pid", str(srv.proc.pid), "--duration", str(args.spy_seconds), "--rate", "500",
+            "--threads", "--nonblocking", "--format", "raw"]
+    return [
+        subprocess.Popen([*base, "--idle", "-o", str(args.out / f"spy-{n}-all.txt")], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL),
+        subprocess.Popen([*base, "--gil", "-o", str(args.out / f"spy-{n}-gil.txt")], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL),
+    ]
+
+
 def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     counts = [int(x) for x in args.clients.split(",")]
     kinds = ["ours"] + (["llama-server"] if args.llama_server else [])
@@ -242,7 +259,10 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         try:
             one_stream(srv.url, PROMPTS[0], 4)  # warm-up
             for n in counts:
+                spies = start_spies(srv, args, n) if kind == "ours" else []
                 row = {"server": kind, **run_clients(srv.url, n, args.requests, args.max_tokens)}
+                for sp in spies:
+                    sp.wait()
                 print(
                     f"[throughput] {kind:12s} clients {n}: {row['tok_s']:.1f} tok/s, TTFT p50 "
                     f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms"
@@ -405,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--requests", type=int, default=3, help="per client")
     t.add_argument("--max-tokens", type=int, default=64)
     t.add_argument("--ctx", type=int, default=4096)
+    t.add_argument("--spy-clients", type=int, default=0, help="py-spy our server during this round (PATH or PY_SPY)")
+    t.add_argument("--spy-seconds", type=int, default=6)
     a = sub.choices["agent"]
     a.add_argument("--state-dir", type=Path, default=Path("serve-bench-state"))
     a.add_argument("--turns", type=int, default=20)

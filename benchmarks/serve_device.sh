@@ -11,11 +11,13 @@
 # There (carry .stage):  CARRY=.stage/carry OUT=<results> bash benchmarks/serve_device.sh
 # Env: CLIENTS (1,2,4,8), REQUESTS (3 per client), MAX_TOKENS (128), UNIFIED=1 (also the unified llama-server run),
 # DEADLINE (s after the start; later runs start only before it, default 420), TURNS (12), RESTART_AT (7),
-# AGENT_BUDGET (s, 150), NO_AGENT=1 (no agent replay), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server), EXTRA (more server flags, e.g.
-# '--cache-ram 0' or '--swa-full'), DECODE_BENCH=1 (then issue 12's 8B decode ratios with 0023 off and on, started
-# before DECODE_DEADLINE s, default 480; REPS 1), REPEAT (throughput runs, default 1). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots
-# (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the throughput runs into
-# gpu.csv.
+# AGENT_BUDGET (s, 150), NO_AGENT=1 (no agent replay), REQUEST_TIMEOUT (s, 45), ONLY_OURS=1 (no llama-server),
+# EXTRA (more server flags, e.g. '--cache-ram 0' or '--swa-full'), DECODE_BENCH=1 (then issue 12's 8B decode ratios
+# with 0023 off and on, started before DECODE_DEADLINE s, default 480; REPS 1), REPEAT (throughput runs, default 1),
+# SPY=N (py-spy our server for SPY_SECONDS, default 4, of the N-client round of each throughput run;
+# benchmarks/spy_summary.py's table goes into serve.txt; needs `xz -9 -c .venv/bin/py-spy > .stage/py-spy.xz` here).
+# A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots (twice, 2 s apart) and thread stacks
+# then go into ours.log, the GPU's utilization during the throughput runs into gpu.csv.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
@@ -38,6 +40,11 @@ common=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads 
 [ -n "${ONLY_OURS:-}" ] || common+=(--llama-server "$srv")
 rt=${REQUEST_TIMEOUT:-45}
 export PYTHONUNBUFFERED=1
+spy=()
+if [ -n "${SPY:-}" ] && [ -f "$(dirname "$C")/py-spy.xz" ]; then  # SPY=N: py-spy our server in the N-client round
+    xz -dc "$(dirname "$C")/py-spy.xz" > /tmp/py-spy && chmod +x /tmp/py-spy && export PY_SPY=/tmp/py-spy
+    spy=(--spy-clients "$SPY" --spy-seconds "${SPY_SECONDS:-4}")
+fi
 
 late() { [ $(( $(date +%s) - t0 )) -gt "$1" ]; }
 log "throughput (both servers -np 8; llama-server splits its cache into 8 streams, ours is unified)"
@@ -45,9 +52,12 @@ log "throughput (both servers -np 8; llama-server splits its cache into 8 stream
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$OUT/gpu.csv" 2>&1 &
 smi=$!
 for r in $(seq "${REPEAT:-1}"); do  # REPEAT runs one after the other (fresh servers), for medians
-    python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out "/tmp/sb/split$([ "$r" = 1 ] || echo "$r")" \
-        --request-timeout "$rt" --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" \
-        2>&1 | grep --line-buffered -v '^|' | tee -a "$OUT/serve.txt"
+    d=/tmp/sb/split$([ "$r" = 1 ] || echo "$r")
+    python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out "$d" --request-timeout "$rt" \
+        --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" \
+        ${spy[@]+"${spy[@]}"} 2>&1 | grep --line-buffered -v '^|' | tee -a "$OUT/serve.txt"
+    sp="$d/spy-${SPY:-0}"
+    [ -f "$sp-all.txt" ] && "$PY" "$here/benchmarks/spy_summary.py" "$sp-all.txt" "$sp-gil.txt" 2>&1 | tee -a "$OUT/serve.txt"
 done
 kill "$smi" 2>/dev/null
 if [ -n "${UNIFIED:-}" ] && ! late "${DEADLINE:-420}"; then
