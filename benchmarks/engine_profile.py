@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from serve_prompts import round_prompts  # noqa: E402
+from serve_prompts import engine_arg_parser, round_prompts  # noqa: E402
 
 PHASES = ("step", "decode", "decode+prompt", "sync", "sample", "admit", "checkpoint", "state_read", "state_write")
 
@@ -137,12 +137,7 @@ async def rounds(engine, a: argparse.Namespace, clock: Clock) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--flags", default="-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off")
-    ap.add_argument("--clients", default="1,2,4,8")
-    ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap = engine_arg_parser(__doc__)
     a = ap.parse_args()
 
     import llama_vq  # noqa: F401  (binds llama_cpp to our library before anything imports it)

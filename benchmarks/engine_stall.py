@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from serve_prompts import round_prompts  # noqa: E402  (serve_bench's prompts: the same cache layout)
+from serve_prompts import engine_arg_parser, round_prompts  # noqa: E402  (serve_bench's prompts: the same cache layout)
 
 
 def record_decodes(engine, keep: int) -> collections.deque:
@@ -100,12 +100,7 @@ async def run_phases(engine, a: argparse.Namespace, progress: list) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--flags", default="-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off")
-    ap.add_argument("--clients", default="1,2,4,8")
-    ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap = engine_arg_parser(__doc__)
     ap.add_argument("--stall-s", type=float, default=15.0)
     ap.add_argument("--keep", type=int, default=4, help="batches to print at a stall")
     a = ap.parse_args()

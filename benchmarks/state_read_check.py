@@ -12,7 +12,6 @@ Exit 1 when any state differs.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import shlex
@@ -23,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from serve_prompts import PROMPTS  # noqa: E402
+from serve_prompts import PROMPTS, engine_arg_parser  # noqa: E402
 
 
 def read(ctx, sid: int, flags: int, mode: str | None):
@@ -72,11 +71,7 @@ async def round_(engine, k: int, max_tokens: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--flags", default="-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off")
-    ap.add_argument("--clients", default="4,8")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap = engine_arg_parser(__doc__, clients="4,8", requests=False)
     a = ap.parse_args()
 
     import llama_vq  # noqa: F401  (binds llama_cpp to our library before anything imports it)
