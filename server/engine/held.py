@@ -11,6 +11,8 @@ the engine driven in-process decoded ~400 tok/s, the same engine behind HTTP 282
 So the worker lets go of the GIL only where llama.cpp works for long: ``llama_decode`` and the wait
 for its results (``llama_synchronize``, before the step's first sample); the short calls after it go
 through a ``PyDLL`` view of the same library, which keeps the GIL. Their signatures are the bindings'.
+The price: while one of them runs, the event loop waits too; a sample through a large grammar can take a
+millisecond or more, about what the loop used to wait for the worker anyway.
 """
 
 from __future__ import annotations
