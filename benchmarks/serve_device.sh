@@ -16,7 +16,7 @@
 # with 0023 off and on, started before DECODE_DEADLINE s, default 480; REPS 1), REPEAT (throughput runs, default 1),
 # SPY=N (py-spy our server for SPY_SECONDS, default 4, of the N-client round of each throughput run;
 # benchmarks/spy_summary.py's table goes into serve.txt; needs `xz -9 -c .venv/bin/py-spy > .stage/py-spy.xz` here).
-# A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots (twice, 2 s apart) and thread stacks
+# THREADS (both servers' CPU threads, default 8). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots (twice, 2 s apart) and thread stacks
 # then go into ours.log, the GPU's utilization during the throughput runs into gpu.csv.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,7 +36,7 @@ log "built: $(ls "$here/llama_vq/lib" | tr '\n' ' ')"
 wait_model mimo
 model=$M/synth-mimo.gguf
 srv=$B/bin/llama-server
-common=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads 8)
+common=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads "${THREADS:-8}")
 [ -n "${ONLY_OURS:-}" ] || common+=(--llama-server "$srv")
 rt=${REQUEST_TIMEOUT:-45}
 export PYTHONUNBUFFERED=1
