@@ -16,8 +16,9 @@
 # with 0023 off and on, started before DECODE_DEADLINE s, default 480; REPS 1), REPEAT (throughput runs, default 1),
 # SPY=N (py-spy our server for SPY_SECONDS, default 4, of the N-client round of each throughput run;
 # benchmarks/spy_summary.py's table goes into serve.txt; needs `xz -9 -c .venv/bin/py-spy > .stage/py-spy.xz` here).
-# THREADS (both servers' CPU threads, default 8). A request not done in REQUEST_TIMEOUT s counts as failed; our server's /slots (twice, 2 s apart) and thread stacks
-# then go into ours.log, the GPU's utilization during the throughput runs into gpu.csv.
+# THREADS (both servers' CPU threads, default 8). A request not done in REQUEST_TIMEOUT s counts as failed; our
+# server's /slots (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the
+# throughput runs into gpu.csv.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
