@@ -72,4 +72,5 @@ hunt() {
 }
 hunt qgemm
 hunt qgemm-f16 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1
+hunt qgemm-copy LLAMA_VQ_CUDA_OUT_PROD_COPY_SRC1=1  # the F32 branch with the softmax copied, not read in place
 log done
