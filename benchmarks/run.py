@@ -153,7 +153,7 @@ def _series_digest() -> str:
     return patches.series_digest()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -232,8 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         "background load on a shared machine",
     )
     ap.add_argument("--extra", default="", help="extra llama-bench arguments (quoted)")
-    a = ap.parse_args(argv)
+    return ap
 
+
+def _defaults(a: argparse.Namespace) -> list[str]:
+    """Fill in the backend's defaults (depths, sizes, reps, threads); the models to run."""
     cpu = a.backend == "cpu"
     a.depths = [int(x) for x in (a.depths or ("0,4096" if cpu else "0,8192,32768")).split(",")]
     a.p = a.p if a.p is not None else (512 if cpu else 2048)
@@ -242,24 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     a.threads = a.threads or (2 if cpu else None)
     a.extra = shlex.split(a.extra)
     models = (a.models or ("smollm2" if cpu else "llama8b,mimo")).split(",")
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = a.out or (HERE / "out" / f"{a.backend}-{stamp}")
-    out.mkdir(parents=True, exist_ok=True)
-    log_dir = out / "logs"
-    log_dir.mkdir(exist_ok=True)
-    t_start = time.time()
+    return models
 
-    if a.src and not os.environ.get("LLAMA_VQ_GGUF_PY") and (a.src / "gguf-py").is_dir():
-        os.environ["LLAMA_VQ_GGUF_PY"] = str(a.src / "gguf-py")
-    gguf_py = a.src.parent / "gguf-py" if a.src else None
-    if gguf_py and gguf_py.is_dir() and not os.environ.get("LLAMA_VQ_GGUF_PY"):
-        os.environ["LLAMA_VQ_GGUF_PY"] = str(gguf_py)
-    model_paths, procs = (
-        ({}, [])
-        if a.build_only
-        else start_models(models, a.model_dir or (out / "models"), a.tokenizer_from)
-    )
 
+def _tools(a: argparse.Namespace, out: Path) -> Path:
+    """The folder with llama-bench: --bin as given (its provenance noted), or built from the patched tree."""
+    cpu = a.backend == "cpu"
     if a.bin:
         bin_dir = a.bin
         cfg = bin_dir.parent / "_build_config.json"
@@ -285,6 +276,112 @@ def main(argv: list[str] | None = None) -> int:
             out / "build.log",
             a.cpu_simd,
         )
+    return bin_dir
+
+
+def _gguf_py_env(a: argparse.Namespace) -> None:
+    """The synthetic-model generator's gguf-py: the one beside an exported tree (carry.py's layout) when given."""
+    if a.src and not os.environ.get("LLAMA_VQ_GGUF_PY") and (a.src / "gguf-py").is_dir():
+        os.environ["LLAMA_VQ_GGUF_PY"] = str(a.src / "gguf-py")
+    gguf_py = a.src.parent / "gguf-py" if a.src else None
+    if gguf_py and gguf_py.is_dir() and not os.environ.get("LLAMA_VQ_GGUF_PY"):
+        os.environ["LLAMA_VQ_GGUF_PY"] = str(gguf_py)
+
+
+def _select_configs(a: argparse.Namespace) -> tuple[list, list[dict], dict[str, set[str]]]:
+    """(configs to run, configs skipped with their reason, per-model restrictions) from --configs/--model-configs."""
+    configs, skipped = default_configs(a.backend, a.cuda_fa == "on", everything=bool(a.configs))
+    if a.configs:
+        want = set(a.configs.split(","))
+        configs = [c for c in configs if c.key in want]
+        skipped = [s for s in skipped if s["config"] in want]
+    per_model = {}
+    for spec in a.model_configs:
+        name, _, keys = spec.partition("=")
+        per_model[name] = set(keys.split(","))
+    return configs, skipped, per_model
+
+
+class _Results:
+    """results.json, rewritten after every config: the run's parameters, machine, provenance and records."""
+
+    def __init__(self, a: argparse.Namespace, argv: list[str] | None, stamp: str, out: Path, model_paths: dict) -> None:
+        self.a, self.out, self.t_start = a, out, time.time()
+        self.records: list[dict] = []
+        self.statuses: list[dict] = []
+        self.data: dict = {}
+        self.fixed = dict(
+            backend=a.backend,
+            date_utc=stamp,
+            command=shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv),
+            machine=machine_info(a.backend),
+            provenance=provenance(),
+            built_from=BUILT_FROM,
+            params=dict(depths=a.depths, n_prompt=a.p, n_gen=a.n, reps=a.reps, threads=a.threads, rounds=a.rounds),
+            models={k: dict(path=str(v), **report.model_bytes(v)) for k, v in model_paths.items()},
+        )
+
+    def late(self) -> bool:
+        return bool(self.a.deadline) and time.time() - self.t_start > self.a.deadline
+
+    def save(self) -> None:
+        self.data.update(self.fixed, statuses=self.statuses, records=self.records,
+                         wall_s=round(time.time() - self.t_start, 1))
+        try:
+            self.data["machine"]["loadavg_now"] = [round(x, 2) for x in os.getloadavg()]
+        except OSError:
+            pass
+        (self.out / "results.json").write_text(json.dumps(self.data, indent=1, default=str))
+
+
+def _run_matrix(a, bench: Path, model_paths: dict, configs: list, per_model: dict, log_dir: Path,
+                res: _Results) -> None:
+    """Every config on every model, a.rounds times; configs outer, models inner: under a time budget every model
+    gets the first configs, the rest are recorded as skipped."""
+    for rnd in range(a.rounds):
+        for cfg in configs:
+            for name, path in model_paths.items():
+                if name in per_model and cfg.key not in per_model[name]:
+                    continue
+                if res.late():
+                    res.statuses.append(dict(model=name, config=cfg.key, fa=cfg.fa, type_k=cfg.type_k,
+                                             type_v=cfg.type_v, status="skipped", round=rnd,
+                                             reason=f"time budget ({a.deadline:.0f} s) spent"))
+                    continue
+                recs, st = run_config(bench, path, name, cfg, a, log_dir)
+                for r in recs:
+                    r["_round"] = rnd
+                st["round"] = rnd
+                res.records += recs
+                res.statuses.append(st)
+                res.save()
+
+
+def _pack_logs(out: Path, log_dir: Path) -> None:
+    for flag, name in (("-cJf", "logs.tar.xz"), ("-czf", "logs.tar.gz")):
+        tar = ["tar", flag, str(out / name), "-C", str(out), "logs"]
+        if subprocess.run(tar, check=False).returncode == 0:
+            shutil.rmtree(log_dir, ignore_errors=True)
+            break
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    models = _defaults(a)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = a.out or (HERE / "out" / f"{a.backend}-{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    log_dir = out / "logs"
+    log_dir.mkdir(exist_ok=True)
+    t_start = time.time()
+
+    _gguf_py_env(a)
+    model_paths, procs = (
+        ({}, [])
+        if a.build_only
+        else start_models(models, a.model_dir or (out / "models"), a.tokenizer_from)
+    )
+    bin_dir = _tools(a, out)
     bench = bin_dir / "llama-bench"
     if not bench.exists():
         raise SystemExit(f"{bench} not found")
@@ -293,92 +390,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     wait_models(model_paths, procs)
 
-    configs, skipped = default_configs(a.backend, a.cuda_fa == "on", everything=bool(a.configs))
-    if a.configs:
-        want = set(a.configs.split(","))
-        configs = [c for c in configs if c.key in want]
-        skipped = [s for s in skipped if s["config"] in want]
-
-    per_model = {}
-    for spec in a.model_configs:
-        name, _, keys = spec.partition("=")
-        per_model[name] = set(keys.split(","))
-
-    records: list[dict] = []
-    statuses: list[dict] = []
-    results = {}
-
-    def save() -> None:
-        results.update(
-            backend=a.backend,
-            date_utc=stamp,
-            command=shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv),
-            machine=mach,
-            provenance=prov,
-            built_from=BUILT_FROM,
-            params=dict(
-                depths=a.depths,
-                n_prompt=a.p,
-                n_gen=a.n,
-                reps=a.reps,
-                threads=a.threads,
-                rounds=a.rounds,
-            ),
-            models=models_info,
-            statuses=statuses,
-            records=records,
-            wall_s=round(time.time() - t_start, 1),
-        )
-        try:
-            results["machine"]["loadavg_now"] = [round(x, 2) for x in os.getloadavg()]
-        except OSError:
-            pass
-        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-
-    models_info = {k: dict(path=str(v), **report.model_bytes(v)) for k, v in model_paths.items()}
-    mach, prov = machine_info(a.backend), provenance()
-    # configs outer, models inner: under a time budget every model gets the first configs
-    for rnd in range(a.rounds):
-        for cfg in configs:
-            for name, path in model_paths.items():
-                if name in per_model and cfg.key not in per_model[name]:
-                    continue
-                if a.deadline and time.time() - t_start > a.deadline:
-                    statuses.append(
-                        dict(
-                            model=name,
-                            config=cfg.key,
-                            fa=cfg.fa,
-                            type_k=cfg.type_k,
-                            type_v=cfg.type_v,
-                            status="skipped",
-                            round=rnd,
-                            reason=f"time budget ({a.deadline:.0f} s) spent",
-                        )
-                    )
-                    continue
-                recs, st = run_config(bench, path, name, cfg, a, log_dir)
-                for r in recs:
-                    r["_round"] = rnd
-                st["round"] = rnd
-                records += recs
-                statuses.append(st)
-                save()
+    configs, skipped, per_model = _select_configs(a)
+    res = _Results(a, argv, stamp, out, model_paths)
+    res.t_start = t_start  # the run's wall time and deadline count from its start, build included
+    _run_matrix(a, bench, model_paths, configs, per_model, log_dir, res)
     for name in model_paths:
         for sk in skipped:
             if name not in per_model or sk["config"] in per_model[name]:
-                statuses.append(dict(sk, model=name))
-    save()
-    report.write_all(results, out)
+                res.statuses.append(dict(sk, model=name))
+    res.save()
+    report.write_all(res.data, out)
     if a.pack_logs:
-        for flag, name in (("-cJf", "logs.tar.xz"), ("-czf", "logs.tar.gz")):
-            tar = ["tar", flag, str(out / name), "-C", str(out), "logs"]
-            if subprocess.run(tar, check=False).returncode == 0:
-                shutil.rmtree(log_dir, ignore_errors=True)
-                break
-    print(f"[bench] done in {results['wall_s']} s: {out}", flush=True)
+        _pack_logs(out, log_dir)
+    print(f"[bench] done in {res.data['wall_s']} s: {out}", flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
