@@ -67,19 +67,10 @@ def instrument(engine, clock: Clock) -> None:
     from server.engine import cache_policy, held, prompt_cache, scheduler
 
     sched = engine._sched
-    n_slots = engine._core.n_slots
 
-    def decode_kind(ctx, b):  # a step with more tokens than slots holds prompt tokens
-        return "decode+prompt" if b.n_tokens > n_slots or _has_prompt(b) else "decode"
-
-    def _has_prompt(b):
-        seen = set()
-        for i in range(b.n_tokens):
-            s = int(b.seq_id[i][0])
-            if s in seen:
-                return True
-            seen.add(s)
-        return False
+    def decode_kind(ctx, b):  # a decode step has one token per sequence; a second one is a prompt's
+        seqs = {int(b.seq_id[i][0]) for i in range(b.n_tokens)}
+        return "decode" if len(seqs) == b.n_tokens else "decode+prompt"
 
     llama_cpp.llama_decode = timed(clock, decode_kind, llama_cpp.llama_decode)
     llama_cpp.llama_synchronize = timed(clock, "sync", llama_cpp.llama_synchronize)

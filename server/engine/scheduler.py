@@ -142,30 +142,7 @@ class Scheduler:
 
     def _step(self, active: list[Slot]) -> None:
         core, b = self.core, self.batch
-        n = 0
-        added: dict[int, int] = {}
-        prefill: list[Slot] = []
-        for s in active:  # decode tokens first: one each
-            s.i_batch = -1
-            if s.n_past >= s.n_prompt and s.n_past == len(s.tokens) - 1:
-                self._add(n, s.tokens[s.n_past], s.n_past, s.id, True)
-                s.i_batch = n
-                added[s.id] = 1
-                n += 1
-        for s in sorted(active, key=lambda s: s.job.arrival):
-            if s.n_past >= s.n_prompt or n >= core.n_batch:
-                continue
-            self._maybe_checkpoint(s)
-            take = min(core.n_batch - n, self._chunk_end(s) - s.n_past)
-            for i in range(take):
-                p = s.n_past + i
-                last = p == s.n_prompt - 1
-                self._add(n, s.tokens[p], p, s.id, last)
-                if last:
-                    s.i_batch = n
-                n += 1
-            added[s.id] = take
-            prefill.append(s)
+        n, added, prefill = self._fill(active)
         if n == 0:
             return
         b.n_tokens = n
@@ -198,6 +175,36 @@ class Scheduler:
             llama_cpp.llama_synchronize(core.ctx)  # the wait for the GPU, without the GIL (held.py)
         for s in sampling:
             self._sample(s)
+
+    def _fill(self, active: list[Slot]) -> tuple[int, dict[int, int], list[Slot]]:
+        """The step's batch: one token of every generating slot, then prompt chunks (oldest request first) up to
+        n_batch. (tokens, {slot id: tokens added}, the slots whose prompt is in it)."""
+        core = self.core
+        n = 0
+        added: dict[int, int] = {}
+        prefill: list[Slot] = []
+        for s in active:  # decode tokens first: one each
+            s.i_batch = -1
+            if s.n_past >= s.n_prompt and s.n_past == len(s.tokens) - 1:
+                self._add(n, s.tokens[s.n_past], s.n_past, s.id, True)
+                s.i_batch = n
+                added[s.id] = 1
+                n += 1
+        for s in sorted(active, key=lambda s: s.job.arrival):
+            if s.n_past >= s.n_prompt or n >= core.n_batch:
+                continue
+            self._maybe_checkpoint(s)
+            take = min(core.n_batch - n, self._chunk_end(s) - s.n_past)
+            for i in range(take):
+                p = s.n_past + i
+                last = p == s.n_prompt - 1
+                self._add(n, s.tokens[p], p, s.id, last)
+                if last:
+                    s.i_batch = n
+                n += 1
+            added[s.id] = take
+            prefill.append(s)
+        return n, added, prefill
 
     def _add(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
         b = self.batch
