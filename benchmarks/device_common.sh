@@ -11,6 +11,16 @@ M=${MODEL_DIR:-/tmp/models}
 mkdir -p "$M"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader
 
+# device_log LABEL FILE: sets t0 (now) for log MSG (stamped "[LABEL <seconds since t0>s]", shown and appended to
+# FILE) and late S (true once more than S seconds have passed since t0); a script may define its own after sourcing
+device_log() {
+    t0=$(date +%s)
+    _log_label=$1
+    _log_file=$2
+}
+log() { echo "[$_log_label $(( $(date +%s) - t0 ))s] $*" | tee -a "$_log_file"; }
+late() { [ $(( $(date +%s) - t0 )) -gt "$1" ]; }
+
 # gen NAME SYNTH-ARGS...: $M/synth-NAME.gguf in the background, written under a temporary name and renamed when
 # complete; started in its own session, so it survives the call that started it (the machine stays up between calls)
 gen() {

@@ -16,10 +16,8 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
 . "$here/benchmarks/device_common.sh"
-t0=$(date +%s)
 txt=$OUT/profile.txt
-log() { echo "[profile $(( $(date +%s) - t0 ))s] $*" | tee -a "$txt"; }
-late() { [ $(( $(date +%s) - t0 )) -gt "$1" ]; }
+device_log profile "$txt"
 gen mimo mimo --preset attn
 server_python
 B=${BUILD_DIR:-/tmp/serve-build}

@@ -23,8 +23,7 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
 . "$here/benchmarks/device_common.sh"
-t0=$(date +%s)
-log() { echo "[serve $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/serve.txt"; }
+device_log serve "$OUT/serve.txt"
 gen mimo mimo --preset attn
 [ -z "${DECODE_BENCH:-}" ] || gen llama8b llama --preset llama-3.1-8b
 
@@ -47,7 +46,6 @@ if [ -n "${SPY:-}" ] && [ -f "$(dirname "$C")/py-spy.xz" ]; then  # SPY=N: py-sp
     spy=(--spy-clients "$SPY" --spy-seconds "${SPY_SECONDS:-4}")
 fi
 
-late() { [ $(( $(date +%s) - t0 )) -gt "$1" ]; }
 log "throughput (both servers -np 8; llama-server splits its cache into 8 streams, ours is unified)"
 # the GPU's utilization and memory once a second while it runs: busy at a stall means kernels, idle means the host
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$OUT/gpu.csv" 2>&1 &

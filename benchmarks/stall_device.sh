@@ -16,10 +16,8 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
 . "$here/benchmarks/device_common.sh"
-t0=$(date +%s)
 txt=$OUT/stall.txt
-log() { echo "[stall $(( $(date +%s) - t0 ))s] $*" | tee -a "$txt"; }
-late() { [ $(( $(date +%s) - t0 )) -gt "$1" ]; }
+device_log stall "$txt"
 gen mimo mimo --preset attn
 server_python
 B=/tmp/serve-build
