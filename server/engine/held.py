@@ -12,7 +12,9 @@ So the worker lets go of the GIL only where llama.cpp works for long: ``llama_de
 for its results (``llama_synchronize``, before the step's first sample); the short calls after it go
 through a ``PyDLL`` view of the same library, which keeps the GIL. Their signatures are the bindings'.
 The price: while one of them runs, the event loop waits too; a sample through a large grammar can take a
-millisecond or more, about what the loop used to wait for the worker anyway.
+millisecond or more, about what the loop used to wait for the worker anyway. Measured after the change on the
+same H200 model: the served 4-client rate did not move measurably (RESULTS.md, engine section, round 5), so the
+HTTP path's loss has another cause too.
 """
 
 from __future__ import annotations
