@@ -238,20 +238,42 @@ def start_spies(srv: Server, args: argparse.Namespace, n: int) -> list[subproces
     exe = shutil.which("py-spy") or os.environ.get("PY_SPY", "")
     if n != args.spy_clients or not exe or not os.path.exists(exe):
         return []
-    base = [exe, "record", "--pid", str(srv.proc.pid), "--duration", str(args.spy_seconds), "--rate", "500",
-            "--threads", "--nonblocking", "--format", "raw"]
+    base = [
+        exe,
+        "record",
+        "--pid",
+        str(srv.proc.pid),
+        "--duration",
+        str(args.spy_seconds),
+        "--rate",
+        "500",
+        "--threads",
+        "--nonblocking",
+        "--format",
+        "raw",
+    ]
     return [
-        subprocess.Popen([*base, "--idle", "-o", str(args.out / f"spy-{n}-all.txt")], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL),
-        subprocess.Popen([*base, "--gil", "-o", str(args.out / f"spy-{n}-gil.txt")], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL),
+        subprocess.Popen(
+            [*base, "--idle", "-o", str(args.out / f"spy-{n}-all.txt")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [*base, "--gil", "-o", str(args.out / f"spy-{n}-gil.txt")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
     ]
 
 
 def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     counts = [int(x) for x in args.clients.split(",")]
     kinds = ["ours"] + (["llama-server"] if args.llama_server else [])
-    out: dict[str, Any] = {"rows": []}
+    if args.only_llama_server:
+        if not args.llama_server:
+            raise SystemExit("--only-llama-server needs --llama-server")
+        kinds = ["llama-server"]
+    out: dict[str, Any] = {"label": args.label, "rows": []}
     for kind in kinds:
         srv = Server(kind, server_cmd(kind, args, max(counts), shlex.split(args.extra)), args.out / f"{kind}.log")
         global ON_STALL
@@ -260,7 +282,11 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
             one_stream(srv.url, PROMPTS[0], 4)  # warm-up
             for n in counts:
                 spies = start_spies(srv, args, n) if kind == "ours" else []
-                row = {"server": kind, **run_clients(srv.url, n, args.requests, args.max_tokens)}
+                row = {
+                    "server": kind,
+                    "label": args.label if args.label and len(kinds) == 1 else kind,
+                    **run_clients(srv.url, n, args.requests, args.max_tokens),
+                }
                 for sp in spies:
                     sp.wait()
                 print(
@@ -398,6 +424,41 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary(runs: list[dict[str, Any]], k: int) -> str:
+    """Per label: tok/s at each client count in every run and their median; the k-client / 1-client ratio of each
+    run and its median; and per other label, the median of (this label / that label) at k clients, runs paired in
+    order (the MATRIX interleaves them, so pairs ran minutes apart)."""
+    by: dict[str, list[dict[int, float]]] = {}
+    for res in runs:
+        per: dict[str, dict[int, float]] = {}
+        for r in res["rows"]:
+            if not r.get("failed"):
+                per.setdefault(r.get("label") or r["server"], {})[r["clients"]] = r["tok_s"]
+        for label, rates in per.items():
+            by.setdefault(label, []).append(rates)
+    lines = [f"| label | clients | tok/s per run | median | {k} / 1 per run | median |", "|---|---|---|---|---|---|"]
+    for label, rs in by.items():
+        ratios = [r[k] / r[1] for r in rs if k in r and 1 in r]
+        for n in sorted({n for r in rs for n in r}):
+            v = [r[n] for r in rs if n in r]
+            extra = (
+                f" {', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f}x |"
+                if n == k and ratios
+                else " | |"
+            )
+            lines.append(f"| {label} | {n} | {', '.join(f'{x:.1f}' for x in v)} | {statistics.median(v):.1f} |{extra}")
+    labels = list(by)
+    for a in labels:
+        for b in labels:
+            pairs = [x[k] / y[k] for x, y in zip(by[a], by[b], strict=False) if k in x and k in y]
+            if a != b and pairs:
+                lines.append(
+                    f"{a} / {b} at {k} clients, runs paired: {', '.join(f'{x:.2f}' for x in pairs)}; "
+                    f"median {statistics.median(pairs):.2f}x"
+                )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -427,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--ctx", type=int, default=4096)
     t.add_argument("--spy-clients", type=int, default=0, help="py-spy our server during this round (PATH or PY_SPY)")
     t.add_argument("--spy-seconds", type=int, default=6)
+    t.add_argument("--only-llama-server", action="store_true", help="llama-server alone (needs --llama-server)")
+    t.add_argument("--label", default="", help="the rows' name in `summary` (default: the server)")
+    m = sub.add_parser("summary", help="medians over several throughput runs (serve_device.sh MATRIX)")
+    m.add_argument("files", nargs="+", type=Path, help="throughput.json files (one per run) or matrix.json files")
+    m.add_argument("--ratio-clients", type=int, default=4)
     a = sub.choices["agent"]
     a.add_argument("--state-dir", type=Path, default=Path("serve-bench-state"))
     a.add_argument("--turns", type=int, default=20)
@@ -438,6 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         res = cmd_build(args)
         print(json.dumps(res))
+        return 0
+    if args.cmd == "summary":
+        runs: list[dict[str, Any]] = []
+        for f in args.files:  # a throughput.json, or serve_device.sh's matrix.json (a list of them)
+            d = json.loads(f.read_text())
+            runs += d if isinstance(d, list) else [d]
+        print(summary(runs, args.ratio_clients))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     global REQUEST_TIMEOUT

@@ -16,7 +16,8 @@
 # with 0023 off and on, started before DECODE_DEADLINE s, default 480; REPS 1), REPEAT (throughput runs, default 1),
 # SPY=N (py-spy our server for SPY_SECONDS, default 4, of the N-client round of each throughput run;
 # benchmarks/spy_summary.py's table goes into serve.txt; needs `xz -9 -c .venv/bin/py-spy > .stage/py-spy.xz` here).
-# THREADS (both servers' CPU threads, default 8). A request not done in REQUEST_TIMEOUT s counts as failed; our
+# THREADS (both servers' CPU threads, default 8). MATRIX (entries run interleaved REPEAT times, then their medians;
+# nothing else runs; see below), SPY_LABEL. A request not done in REQUEST_TIMEOUT s counts as failed; our
 # server's /slots (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the
 # throughput runs into gpu.csv.
 set -u
@@ -46,10 +47,60 @@ if [ -n "${SPY:-}" ] && [ -f "$(dirname "$C")/py-spy.xz" ]; then  # SPY=N: py-sp
     spy=(--spy-clients "$SPY" --spy-seconds "${SPY_SECONDS:-4}")
 fi
 
-log "throughput (both servers -np 8; llama-server splits its cache into 8 streams, ours is unified)"
+# run_spec SPEC DIR [SERVE_BENCH ARGS...]: one throughput run of a MATRIX entry LABEL+KIND[+ENV=VALUE...]; KIND is
+# ours, llama (llama-server, its own layout at -np 8) or llama-unified (LLAMA_ARG_KV_UNIFIED=1)
+run_spec() {
+    local spec=$1 d=$2 label kind rest envs=() opts=(); shift 2
+    IFS=+ read -r label kind rest <<< "$spec"
+    [ -z "$rest" ] || IFS=+ read -r -a envs <<< "$rest"
+    case "$kind" in
+        ours) ;;
+        llama) opts=(--llama-server "$srv" --only-llama-server) ;;
+        llama-unified) opts=(--llama-server "$srv" --only-llama-server); envs+=(LLAMA_ARG_KV_UNIFIED=1) ;;
+        *) log "MATRIX: unknown kind '$kind' in $spec"; return 1 ;;
+    esac
+    env ${envs[@]+"${envs[@]}"} python3 "$here/benchmarks/serve_bench.py" throughput "${base[@]}" "${opts[@]}" \
+        --label "$label" --out "$d" --request-timeout "$rt" --clients "${CLIENTS:-1,4,8}" --requests "${REQUESTS:-4}" \
+        --max-tokens "${MAX_TOKENS:-128}" "$@" 2>&1 | grep --line-buffered -v '^|' \
+        | sed -u "s/^\[throughput\] /[$label] /" | tee -a "$OUT/serve.txt"
+}
+
 # the GPU's utilization and memory once a second while it runs: busy at a stall means kernels, idle means the host
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 1 > "$OUT/gpu.csv" 2>&1 &
 smi=$!
+if [ -n "${MATRIX:-}" ]; then
+    # MATRIX="LABEL+KIND[+ENV=VALUE...] ...": every entry once per repetition, interleaved (REPEAT, default 3), so
+    # that a drift of the machine reaches all of them alike; then the medians and ratios (serve_bench.py summary).
+    # SPY_LABEL=LABEL (with SPY=N): one more run of that entry with py-spy on our server in the N-client round.
+    base=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads "${THREADS:-8}")
+    log "matrix (-np 8): $MATRIX, ${REPEAT:-3} times"
+    files=()
+    for r in $(seq "${REPEAT:-3}"); do
+        for spec in $MATRIX; do
+            late "${DEADLINE:-420}" && { log "matrix: deadline"; break 2; }
+            run_spec "$spec" "/tmp/sb/m$r-${spec%%+*}"
+            [ -f "/tmp/sb/m$r-${spec%%+*}/throughput.json" ] && files+=("/tmp/sb/m$r-${spec%%+*}/throughput.json")
+        done
+    done
+    if [ ${#files[@]} -gt 0 ]; then
+        python3 "$here/benchmarks/serve_bench.py" summary "${files[@]}" 2>&1 | tee -a "$OUT/serve.txt"
+        python3 -c 'import json, sys; print(json.dumps([json.load(open(f)) for f in sys.argv[1:]], indent=1))' \
+            "${files[@]}" > "$OUT/matrix.json"
+    fi
+    for spec in $MATRIX; do
+        if [ -n "${SPY_LABEL:-}" ] && [ "${spec%%+*}" = "$SPY_LABEL" ] && [ ${#spy[@]} -gt 0 ]; then
+            log "py-spy run: $spec"
+            run_spec "$spec" /tmp/sb/spy "${spy[@]}"
+            sp=/tmp/sb/spy/spy-$SPY
+            [ -f "$sp-all.txt" ] && "$PY" "$here/benchmarks/spy_summary.py" "$sp-all.txt" "$sp-gil.txt" 2>&1 \
+                | tee -a "$OUT/serve.txt"
+        fi
+    done
+    kill "$smi" 2>/dev/null
+    log done
+    exit 0
+fi
+log "throughput (both servers -np 8; llama-server splits its cache into 8 streams, ours is unified)"
 for r in $(seq "${REPEAT:-1}"); do  # REPEAT runs one after the other (fresh servers), for medians
     d=/tmp/sb/split$([ "$r" = 1 ] || echo "$r")
     python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out "$d" --request-timeout "$rt" \
