@@ -11,7 +11,8 @@
 #   .venv/bin/python benchmarks/pack_python.py .stage/py.tar.xz
 # There (carry .stage):  CARRY=.stage/carry OUT=<results> bash benchmarks/profile_device.sh
 # Env: VARIANTS (labels to run, default all, in order), DEADLINE (s after the start; no variant starts after it,
-# default 300), STALL_VARIANTS (labels of the stall hunts, default none), BUILD_DIR (/tmp/serve-build).
+# default 300), STALL_VARIANTS (labels of the stall hunts, default none), BUILD_DIR (/tmp/serve-build), PERF=1 (V*P op
+# timings at MiMo's full layers around the vector/GEMM switch point, and OUT_PROD's test with the default switch).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
@@ -58,6 +59,19 @@ if ! late "${DEADLINE:-300}"; then
     grep FAIL /tmp/tbo-out-prod.log | head -8 | cut -c1-300 | tee -a "$txt"
 fi
 
+# PERF=1: V*P at MiMo's full-attention layers (4 KV heads, GQA 16) for 2-8 sequences, 1K-64K cells (patch 0028's
+# perf cases): with the vector kernel up to 32 columns (the GEMM beyond), and up to 128 (the vector kernel always)
+if [ -n "${PERF:-}" ] && ! late "${DEADLINE:-300}"; then
+    for cols in 32 128; do
+        log "test-backend-ops perf OUT_PROD, MiMo full layers, LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=$cols"
+        LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=$cols timeout 150 "$B/bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD \
+            -p "n_head_kv=4,gqa=16" 2>&1 | grep -E "^ +OUT_PROD" | sed -E 's/ +/ /g' | tee -a "$txt"
+    done
+    log "test-backend-ops OUT_PROD against the CPU, the default switch point"
+    timeout 120 "$B/bin/test-backend-ops" test -j 8 -b CUDA0 -o OUT_PROD > /tmp/tbo-out-prod-default.log 2>&1
+    log "rc $?: $(grep -E 'tests passed' /tmp/tbo-out-prod-default.log | tail -1)"
+fi
+
 # the stall (RESULTS.md, engine section) with 0024's guard lifted: which part of the GEMM path hangs in a CUDA graph
 hunt() {
     local label=$1; shift
@@ -71,4 +85,5 @@ hunt() {
 hunt qgemm
 hunt qgemm-f16 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1
 hunt qgemm-copy LLAMA_VQ_CUDA_OUT_PROD_COPY_SRC1=1  # the F32 branch with the softmax copied, not read in place
+hunt qgemm-fp32 LLAMA_VQ_CUDA_OUT_PROD_GEMM_FP32=1  # the F32 branch without TF32 (patch 0028)
 log done
