@@ -9,6 +9,7 @@
         --model M.gguf --out bench-out [--clients 1,2,4,8] [--threads 1] [--extra ARGS]
     python benchmarks/serve_bench.py agent --model mimo.gguf --state-dir DIR --out bench-out \\
         [--llama-server BIN]
+    python benchmarks/serve_bench.py summary RUN.json [RUN.json ...]      # medians over runs (MATRIX in serve_device.sh)
 
 throughput: both servers with the same flags (-np = the largest client count, q8_0 K / q4_0 V, flash
 attention off by default), N concurrent streaming clients each sending --requests completions of
@@ -49,6 +50,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_build import cmd_build  # noqa: E402  (the build subcommand lives beside this file)
+from serve_report import markdown, summary  # noqa: E402  (the tables)
 
 # ---- servers ---------------------------------------------------------------------------------------
 
@@ -400,63 +402,6 @@ def cmd_agent(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---- report ------------------------------------------------------------------------------------------
-
-
-def markdown(res: dict[str, Any]) -> str:
-    lines = []
-    if res.get("rows"):
-        lines += [
-            "| server | clients | tok/s | TTFT p50 ms | TTFT p99 ms | requests | failed |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['server']} | {r['clients']} | {r['tok_s']:.1f} | {r['ttft_p50_s'] * 1e3:.0f} | "
-            f"{r['ttft_p99_s'] * 1e3:.0f} | {r['requests']} | {r.get('failed', 0)} |"
-            for r in res["rows"]
-        ]
-    if res.get("turns"):
-        lines += ["", "| server | turn | prompt | cached | ratio | after restart |", "|---|---|---|---|---|---|"]
-        lines += [
-            f"| {t['server']} | {t['turn']} | {t['prompt_tokens']} | {t['cached_tokens']} | "
-            f"{t['ratio']:.3f} | {'yes' if t['after_restart'] else ''} |"
-            for t in res["turns"]
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def summary(runs: list[dict[str, Any]], k: int) -> str:
-    """Per label: tok/s at each client count in every run and their median; the k-client / 1-client ratio of each
-    run and its median; and per other label, the median of (this label / that label) at k clients, runs paired in
-    order (the MATRIX interleaves them, so pairs ran minutes apart)."""
-    by: dict[str, list[dict[int, float]]] = {}
-    for res in runs:
-        per: dict[str, dict[int, float]] = {}
-        for r in res["rows"]:
-            if not r.get("failed"):
-                per.setdefault(r.get("label") or r["server"], {})[r["clients"]] = r["tok_s"]
-        for label, rates in per.items():
-            by.setdefault(label, []).append(rates)
-    lines = [f"| label | clients | tok/s per run | median | {k} / 1 per run | median |", "|---|---|---|---|---|---|"]
-    for label, rs in by.items():
-        ratios = [r[k] / r[1] for r in rs if k in r and 1 in r]
-        for n in sorted({n for r in rs for n in r}):
-            v = [r[n] for r in rs if n in r]
-            extra = (
-                f" {', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f}x |"
-                if n == k and ratios
-                else " | |"
-            )
-            lines.append(f"| {label} | {n} | {', '.join(f'{x:.1f}' for x in v)} | {statistics.median(v):.1f} |{extra}")
-    labels = list(by)
-    for a in labels:
-        for b in labels:
-            pairs = [x[k] / y[k] for x, y in zip(by[a], by[b], strict=False) if k in x and k in y]
-            if a != b and pairs:
-                lines.append(
-                    f"{a} / {b} at {k} clients, runs paired: {', '.join(f'{x:.2f}' for x in pairs)}; "
-                    f"median {statistics.median(pairs):.2f}x"
-                )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
