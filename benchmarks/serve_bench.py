@@ -9,7 +9,7 @@
         --model M.gguf --out bench-out [--clients 1,2,4,8] [--threads 1] [--extra ARGS]
     python benchmarks/serve_bench.py agent --model mimo.gguf --state-dir DIR --out bench-out \\
         [--llama-server BIN]
-    python benchmarks/serve_bench.py summary RUN.json [RUN.json ...]      # medians over runs (MATRIX in serve_device.sh)
+    python benchmarks/serve_bench.py summary RUN.json [RUN.json ...]   # medians over runs (serve_device.sh MATRIX)
 
 throughput: both servers with the same flags (-np = the largest client count, q8_0 K / q4_0 V, flash
 attention off by default), N concurrent streaming clients each sending --requests completions of
@@ -155,12 +155,15 @@ def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list
 
 # ---- throughput ------------------------------------------------------------------------------------
 
-from serve_prompts import PROMPTS  # noqa: E402
+from serve_prompts import PROMPTS, client_context  # noqa: E402
 
 # seconds a request may take before it counts as failed (--request-timeout): its total time, not only the time
 # without a byte, since our server sends `: keepalive` every 5 s while a request makes no progress
 REQUEST_TIMEOUT = 600.0
-ON_STALL: Any = lambda: None  # the server's snapshot, called by the first request over REQUEST_TIMEOUT
+
+
+def ON_STALL() -> None:  # noqa: N802  (a hook: the running server's snapshot replaces it)
+    """Called by the first request over REQUEST_TIMEOUT."""
 
 
 def one_stream(url: str, prompt: str, max_tokens: int) -> dict[str, float]:
@@ -197,9 +200,9 @@ def one_stream(url: str, prompt: str, max_tokens: int) -> dict[str, float]:
     return {"ttft": ttft if ttft is not None else time.monotonic() - t0, "tokens": n, "seconds": time.monotonic() - t0}
 
 
-def run_clients(url: str, clients: int, requests: int, max_tokens: int) -> dict[str, Any]:
+def run_clients(url: str, clients: int, requests: int, max_tokens: int, context_words: int = 0) -> dict[str, Any]:
     jobs = [
-        (PROMPTS[(c * requests + i) % len(PROMPTS)] + f" ({c}.{i})", max_tokens)
+        (client_context(c, context_words) + PROMPTS[(c * requests + i) % len(PROMPTS)] + f" ({c}.{i})", max_tokens)
         for c in range(clients)
         for i in range(requests)
     ]
@@ -287,7 +290,7 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
                 row = {
                     "server": kind,
                     "label": args.label if args.label and len(kinds) == 1 else kind,
-                    **run_clients(srv.url, n, args.requests, args.max_tokens),
+                    **run_clients(srv.url, n, args.requests, args.max_tokens, args.context_words),
                 }
                 for sp in spies:
                     sp.wait()
@@ -431,6 +434,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--requests", type=int, default=3, help="per client")
     t.add_argument("--max-tokens", type=int, default=64)
     t.add_argument("--ctx", type=int, default=4096)
+    t.add_argument(
+        "--context-words",
+        type=int,
+        default=0,
+        help="a long history of N words of its own before each client's prompts (--ctx must hold them)",
+    )
     t.add_argument("--spy-clients", type=int, default=0, help="py-spy our server during this round (PATH or PY_SPY)")
     t.add_argument("--spy-seconds", type=int, default=6)
     t.add_argument("--only-llama-server", action="store_true", help="llama-server alone (needs --llama-server)")

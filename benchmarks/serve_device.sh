@@ -17,7 +17,8 @@
 # SPY=N (py-spy our server for SPY_SECONDS, default 4, of the N-client round of each throughput run;
 # benchmarks/spy_summary.py's table goes into serve.txt; needs `xz -9 -c .venv/bin/py-spy > .stage/py-spy.xz` here).
 # THREADS (both servers' CPU threads, default 8). MATRIX (entries run interleaved REPEAT times, then their medians;
-# nothing else runs; see below), SPY_LABEL. A request not done in REQUEST_TIMEOUT s counts as failed; our
+# nothing else runs; see below), SPY_LABEL, and for MATRIX runs CTX (the servers' -c, 4096) and CONTEXT_WORDS (a
+# long history of that many words of its own before each client's prompts, 0). A request not done in REQUEST_TIMEOUT s counts as failed; our
 # server's /slots (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the
 # throughput runs into gpu.csv.
 set -u
@@ -61,7 +62,7 @@ run_spec() {
     esac
     env ${envs[@]+"${envs[@]}"} python3 "$here/benchmarks/serve_bench.py" throughput "${base[@]}" "${opts[@]}" \
         --label "$label" --out "$d" --request-timeout "$rt" --clients "${CLIENTS:-1,4,8}" --requests "${REQUESTS:-4}" \
-        --max-tokens "${MAX_TOKENS:-128}" "$@" 2>&1 | grep --line-buffered -v '^|' \
+        --max-tokens "${MAX_TOKENS:-128}" --ctx "${CTX:-4096}" --context-words "${CONTEXT_WORDS:-0}" "$@" 2>&1 | grep --line-buffered -v '^|' \
         | sed -u "s/^\[throughput\] /[$label] /" | tee -a "$OUT/serve.txt"
 }
 

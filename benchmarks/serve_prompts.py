@@ -17,11 +17,25 @@ PROMPTS = [
 ]
 
 
+def client_context(client: int, words: int) -> str:
+    """A long history of its own for one client (``words`` words, ~1.5 tokens each with SmolLM2's tokenizer; "" for
+    0), put before each of its prompts by serve_bench.py's --context-words: every request of a client then shares a
+    long prefix (its earlier turns, as a chat's), and the clients' sequences are long and distinct."""
+    out: list[str] = []
+    i = 0
+    while len(out) < words:
+        out += f"Record {client}-{i}: item {i} of ledger {client} holds {(i * 37 + client * 11) % 1000} units.".split()
+        i += 1
+    return " ".join(out[:words]) + "\n\n" if words > 0 else ""
+
+
 def round_prompts(tokenize, clients: int, requests: int) -> list[list[list[int]]]:
     """Token prompts of one client round of engine_stall.py / engine_profile.py: per client, ``requests`` prompts,
     each one of PROMPTS with the client and request numbers appended (no two alike)."""
-    return [[tokenize(PROMPTS[(c * requests + i) % len(PROMPTS)] + f" ({c}.{i})") for i in range(requests)]
-            for c in range(clients)]
+    return [
+        [tokenize(PROMPTS[(c * requests + i) % len(PROMPTS)] + f" ({c}.{i})") for i in range(requests)]
+        for c in range(clients)
+    ]
 
 
 def engine_arg_parser(doc: str, clients: str = "1,2,4,8", requests: bool = True) -> argparse.ArgumentParser:
