@@ -87,6 +87,19 @@ build_project() {
     cp "$B/_build_config.json" "$here/llama_vq/"
 }
 
+# engine_build LABEL FILE [TARGETS...]: how the engine scripts (profile_device, stall_device, serve_device) start:
+# device_log LABEL FILE, the MiMo-shaped model (attn preset) generated in the background, the server's Python (PY),
+# and our project built in B (BUILD_DIR, default /tmp/serve-build) with TARGETS
+engine_build() {
+    local label=$1 file=$2; shift 2
+    device_log "$label" "$file"
+    gen mimo mimo --preset attn
+    server_python
+    B=${BUILD_DIR:-/tmp/serve-build}
+    log "build (CUDA sm_90, FA kernels off)"
+    build_project "$B" "$PY" "$@"
+}
+
 # server_python: the server's Python (3.11 + its packages, packed here by pack_python.py; the machine's own Python
 # lacks pydantic-core) unpacked into /tmp/py; sets PY
 server_python() {

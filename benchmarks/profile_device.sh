@@ -18,12 +18,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
 . "$here/benchmarks/device_common.sh"
 txt=$OUT/profile.txt
-device_log profile "$txt"
-gen mimo mimo --preset attn
-server_python
-B=${BUILD_DIR:-/tmp/serve-build}
-log "build (CUDA sm_90, FA kernels off)"
-build_project "$B" "$PY" llama-server test-backend-ops
+engine_build profile "$txt" llama-server test-backend-ops
 log built
 wait_model mimo
 export PYTHONUNBUFFERED=1

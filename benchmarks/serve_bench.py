@@ -407,7 +407,7 @@ def cmd_agent(args: argparse.Namespace) -> dict[str, Any]:
 # ---- report ------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build llama-server from the patched tree")
@@ -454,7 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--think-tokens", type=int, default=300)
     a.add_argument("--parallel", type=int, default=4)
     a.add_argument("--ctx", type=int, default=16384)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.cmd == "build":
         res = cmd_build(args)
         print(json.dumps(res))

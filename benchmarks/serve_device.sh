@@ -18,27 +18,22 @@
 # benchmarks/spy_summary.py's table goes into serve.txt; needs `xz -9 -c .venv/bin/py-spy > .stage/py-spy.xz` here).
 # THREADS (both servers' CPU threads, default 8). MATRIX (entries run interleaved REPEAT times, then their medians;
 # nothing else runs; see below), SPY_LABEL, and for MATRIX runs CTX (the servers' -c, 4096) and CONTEXT_WORDS (a
-# long history of that many words of its own before each client's prompts, 0). A request not done in REQUEST_TIMEOUT s counts as failed; our
-# server's /slots (twice, 2 s apart) and thread stacks then go into ours.log, the GPU's utilization during the
-# throughput runs into gpu.csv.
+# long history of that many words of its own before each client's prompts, 0). A request not done in
+# REQUEST_TIMEOUT s counts as failed; our server's /slots (twice, 2 s apart) and thread stacks then go into ours.log,
+# the GPU's utilization during the throughput runs into gpu.csv.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
 . "$here/benchmarks/device_common.sh"
-device_log serve "$OUT/serve.txt"
-gen mimo mimo --preset attn
 [ -z "${DECODE_BENCH:-}" ] || gen llama8b llama --preset llama-3.1-8b
-
-server_python
-B=/tmp/serve-build
-log "build (CUDA sm_90, FA kernels off)"
-build_project "$B" "$PY" llama-server ${DECODE_BENCH:+llama-bench}
+engine_build serve "$OUT/serve.txt" llama-server ${DECODE_BENCH:+llama-bench}
 log "built: $(ls "$here/llama_vq/lib" | tr '\n' ' ')"
 "$PY" -c "import llama_vq; print(llama_vq.build_info())" | tee -a "$OUT/serve.txt" || exit 1
 wait_model mimo
 model=$M/synth-mimo.gguf
 srv=$B/bin/llama-server
-common=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads "${THREADS:-8}")
+base=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads "${THREADS:-8}")
+common=("${base[@]}")
 [ -n "${ONLY_OURS:-}" ] || common+=(--llama-server "$srv")
 rt=${REQUEST_TIMEOUT:-45}
 export PYTHONUNBUFFERED=1
@@ -47,6 +42,11 @@ if [ -n "${SPY:-}" ] && [ -f "$(dirname "$C")/py-spy.xz" ]; then  # SPY=N: py-sp
     xz -dc "$(dirname "$C")/py-spy.xz" > /tmp/py-spy && chmod +x /tmp/py-spy && export PY_SPY=/tmp/py-spy
     spy=(--spy-clients "$SPY" --spy-seconds "${SPY_SECONDS:-4}")
 fi
+# spy_report DIR: spy_summary.py's table of the py-spy samples a throughput run left in DIR, into serve.txt
+spy_report() {
+    local sp=$1/spy-${SPY:-0}
+    [ -f "$sp-all.txt" ] && "$PY" "$here/benchmarks/spy_summary.py" "$sp-all.txt" "$sp-gil.txt" 2>&1 | tee -a "$OUT/serve.txt"
+}
 
 # run_spec SPEC DIR [SERVE_BENCH ARGS...]: one throughput run of a MATRIX entry LABEL+KIND[+ENV=VALUE...]; KIND is
 # ours, llama (llama-server, its own layout at -np 8) or llama-unified (LLAMA_ARG_KV_UNIFIED=1)
@@ -62,7 +62,8 @@ run_spec() {
     esac
     env ${envs[@]+"${envs[@]}"} python3 "$here/benchmarks/serve_bench.py" throughput "${base[@]}" "${opts[@]}" \
         --label "$label" --out "$d" --request-timeout "$rt" --clients "${CLIENTS:-1,4,8}" --requests "${REQUESTS:-4}" \
-        --max-tokens "${MAX_TOKENS:-128}" --ctx "${CTX:-4096}" --context-words "${CONTEXT_WORDS:-0}" "$@" 2>&1 | grep --line-buffered -v '^|' \
+        --max-tokens "${MAX_TOKENS:-128}" --ctx "${CTX:-4096}" --context-words "${CONTEXT_WORDS:-0}" "$@" 2>&1 \
+        | grep --line-buffered -v '^|' \
         | sed -u "s/^\[throughput\] /[$label] /" | tee -a "$OUT/serve.txt"
 }
 
@@ -73,7 +74,6 @@ if [ -n "${MATRIX:-}" ]; then
     # MATRIX="LABEL+KIND[+ENV=VALUE...] ...": every entry once per repetition, interleaved (REPEAT, default 3), so
     # that a drift of the machine reaches all of them alike; then the medians and ratios (serve_bench.py summary).
     # SPY_LABEL=LABEL (with SPY=N): one more run of that entry with py-spy on our server in the N-client round.
-    base=(--model "$model" --python "$PY" --extra "-ngl 999 ${EXTRA:-}" --threads "${THREADS:-8}")
     log "matrix (-np 8): $MATRIX, ${REPEAT:-3} times"
     files=()
     for r in $(seq "${REPEAT:-3}"); do
@@ -92,9 +92,7 @@ if [ -n "${MATRIX:-}" ]; then
         if [ -n "${SPY_LABEL:-}" ] && [ "${spec%%+*}" = "$SPY_LABEL" ] && [ ${#spy[@]} -gt 0 ]; then
             log "py-spy run: $spec"
             run_spec "$spec" /tmp/sb/spy "${spy[@]}"
-            sp=/tmp/sb/spy/spy-$SPY
-            [ -f "$sp-all.txt" ] && "$PY" "$here/benchmarks/spy_summary.py" "$sp-all.txt" "$sp-gil.txt" 2>&1 \
-                | tee -a "$OUT/serve.txt"
+            spy_report /tmp/sb/spy
         fi
     done
     kill "$smi" 2>/dev/null
@@ -107,8 +105,7 @@ for r in $(seq "${REPEAT:-1}"); do  # REPEAT runs one after the other (fresh ser
     python3 "$here/benchmarks/serve_bench.py" throughput "${common[@]}" --out "$d" --request-timeout "$rt" \
         --clients "${CLIENTS:-1,2,4,8}" --requests "${REQUESTS:-3}" --max-tokens "${MAX_TOKENS:-128}" \
         ${spy[@]+"${spy[@]}"} 2>&1 | grep --line-buffered -v '^|' | tee -a "$OUT/serve.txt"
-    sp="$d/spy-${SPY:-0}"
-    [ -f "$sp-all.txt" ] && "$PY" "$here/benchmarks/spy_summary.py" "$sp-all.txt" "$sp-gil.txt" 2>&1 | tee -a "$OUT/serve.txt"
+    spy_report "$d"
 done
 kill "$smi" 2>/dev/null
 if [ -n "${UNIFIED:-}" ] && ! late "${DEADLINE:-420}"; then

@@ -17,12 +17,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
 . "$here/benchmarks/device_common.sh"
 txt=$OUT/stall.txt
-device_log stall "$txt"
-gen mimo mimo --preset attn
-server_python
-B=/tmp/serve-build
-log "build (CUDA sm_90, FA kernels off)"
-build_project "$B" "$PY" test-backend-ops
+engine_build stall "$txt" test-backend-ops
 log built
 wait_model mimo
 export PYTHONUNBUFFERED=1

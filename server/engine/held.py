@@ -13,8 +13,9 @@ for its results (``llama_synchronize``, before the step's first sample); the sho
 through a ``PyDLL`` view of the same library, which keeps the GIL. Their signatures are the bindings'.
 The price: while one of them runs, the event loop waits too; a sample through a large grammar can take a
 millisecond or more, about what the loop used to wait for the worker anyway. Measured after the change on the
-same H200 model: the served 4-client rate did not move measurably (RESULTS.md, engine section, round 5), so the
-HTTP path's loss has another cause too.
+same H200 model: the served 4-client rate did not move measurably (RESULTS.md, engine section, round 5). In round 6
+the loss did not show (served 4-client rates at the in-process ones), and py-spy found the worker holding the GIL in
+7.8 % of its samples, the HTTP loop in 5.5 %: at 4 clients on the H200 the GPU, not the GIL, sets the rate.
 """
 
 from __future__ import annotations
