@@ -1,7 +1,7 @@
-"""Patch 0023's CUDA kernels (k_attn_decode, k_attn_decode_combine) run on the CPU, verbatim.
+"""Patch 0023's CUDA kernels (k_attn_decode, k_attn_decode_combine; 0032's staged tiles) run on the CPU, verbatim.
 
-tests/fused_attn_emu/harness.cpp gives the kernels' source, cut out of patches/0023 (the new file
-attn-decode-fused.cu), a CUDA surface made of std::threads: a block's 128 threads run concurrently,
+tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu as the series leaves it: 0023
+creates it, later patches change it; cut out of those patches' diffs with `git apply`), a CUDA surface made of std::threads: a block's 128 threads run concurrently,
 __syncthreads() is a barrier, a warp shuffle an exchange between two barriers of the warp's 32 threads (so a shuffle
 that some lane of a warp does not reach deadlocks: the timeout catches it), shared memory a buffer of exactly the
 launch's size filled with NaN (AddressSanitizer catches any access past it, and any read of a slot nothing wrote
@@ -22,22 +22,34 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATCH = ROOT / "patches" / "0023-cuda-fused-decode-attention.patch"
+PATCHES = ROOT / "patches"
 HARNESS = ROOT / "tests" / "fused_attn_emu" / "harness.cpp"
-NEW_FILE = "+++ b/ggml/src/ggml-cuda/attn-decode-fused.cu"
+FILE = "ggml/src/ggml-cuda/attn-decode-fused.cu"
 
 
-def kernel_source() -> str:
-    """The kernels' part of attn-decode-fused.cu as the patch creates it, shared memory pointed at the harness's."""
-    lines = PATCH.read_text().splitlines()
-    start = lines.index(NEW_FILE)
-    assert lines[start + 1].startswith("@@ -0,0 +1,")
-    body = []
-    for line in lines[start + 2:]:
-        if not line.startswith("+"):
-            break
-        body.append(line[1:])
-    text = "\n".join(body)
+def patched_file(tmp: Path) -> str:
+    """attn-decode-fused.cu as the series leaves it: every patch's hunks for that file, applied in series order."""
+    tree = tmp / "tree"
+    tree.mkdir()
+    names = [n.strip() for n in (PATCHES / "series").read_text().splitlines() if n.strip() and not n.startswith("#")]
+    used = []
+    for name in names:
+        if f"+++ b/{FILE}" not in (PATCHES / name).read_text():
+            continue
+        # GIT_DIR points nowhere so that git apply never looks at an enclosing repository
+        env = dict(os.environ, GIT_DIR=str(tree / ".no-git"), GIT_CEILING_DIRECTORIES=str(tmp))
+        proc = subprocess.run(["git", "apply", "-p1", f"--include={FILE}", str(PATCHES / name)], cwd=tree, env=env,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}: {proc.stderr}"
+        used.append(name)
+    assert used and used[0].startswith("0023-"), used
+    return (tree / FILE).read_text()
+
+
+def kernel_source(tmp: Path) -> str:
+    """The kernels' part of attn-decode-fused.cu (and the planning helpers the host code shares with the harness),
+    shared memory pointed at the harness's."""
+    text = patched_file(tmp)
     begin = text.index("#define AD_NT")
     end = text.index("static bool attn_decode_type_supported")
     kern = text[begin:end]
@@ -52,8 +64,10 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(tmp_path):
     cxx = shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler")
+    if shutil.which("git") is None:
+        pytest.skip("no git (the series' hunks are applied with git apply)")
     inc = tmp_path / "kernel.inc"
-    inc.write_text(kernel_source())
+    inc.write_text(kernel_source(tmp_path))
     exe = tmp_path / "harness"
     cmd = [cxx, "-std=c++20", "-O1", "-g", "-pthread", "-fsanitize=address,undefined",
            "-fno-sanitize-recover=undefined", f'-DKERNEL_INC="{inc}"', str(HARNESS), "-o", str(exe)]

@@ -1,4 +1,4 @@
-// Runs the CUDA kernels of patch 0023 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
+// Runs the CUDA kernels of patches 0023 + 0032 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
 // block's 128 threads are std::threads, __syncthreads() a block barrier, and a warp shuffle an exchange through memory
 // between two barriers of the warp's 32 threads (a shuffle that not every lane of the warp reaches deadlocks here, as
 // it is undefined on the GPU). Shared memory is a heap buffer of exactly the launch's size, filled with NaN before each
@@ -37,7 +37,11 @@ static dim3_t blockDim;
 
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
+struct int2 { int x, y; };
+struct int4 { int x, y, z, w; };
 static inline float2 make_float2(float x, float y) { return {x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+static inline int2 make_int2(int x, int y) { return {x, y}; }
 struct half { uint16_t bits; };
 
 static float fp16_to_fp32(uint16_t h) {
@@ -283,17 +287,13 @@ static bool run_case(const attn_case & c, int seed) {
     for (auto & x : sinks) x = us(g);
     const float scale = 1.0f/std::sqrt((float) c.dk);
 
-    // the host code of ggml_cuda_attn_decode_fused
+    // the host code of ggml_cuda_attn_decode_fused (its planning functions are part of the kernels' source)
     attn_decode_params p = {};
     p.dk = c.dk; p.dv = c.dv; p.n_kv = c.n_kv; p.n_head_kv = c.n_head_kv; p.gqa = c.n_head/c.n_head_kv; p.ntok = c.ntok;
     p.ncols = p.ntok*p.gqa; p.ntiles = (p.ncols + AD_CT - 1)/AD_CT; p.hadamard_n = c.n_rot; p.scale = scale;
-    const int64_t nblk0 = (int64_t) p.n_head_kv*p.ntiles*c.n_stream;
-    const int64_t nsplit_max = std::max<int64_t>(1, (p.n_kv + 2*AD_TC - 1)/(2*AD_TC));
-    int64_t nsplit = std::min<int64_t>(std::max<int64_t>(1, (4*c.nsm + nblk0 - 1)/nblk0), nsplit_max);
-    int64_t cps = (p.n_kv + nsplit - 1)/nsplit;
-    cps = (cps + AD_TC - 1)/AD_TC*AD_TC;
-    nsplit = (p.n_kv + cps - 1)/cps;
-    p.cps = (int) cps; p.nsplit = (int) nsplit;
+    p.rbk = (int) rk; p.rbv = (int) rv;
+    attn_decode_plan(p, c.n_stream, c.nsm, 4);
+    const int64_t nsplit = p.nsplit;
 
     std::vector<float> qr = q; // the kernel reads the unrotated queries when n_rot > 0 (as the fused graph does)
     p.q = (const char *) qr.data();
@@ -308,10 +308,11 @@ static bool run_case(const attn_case & c, int seed) {
     std::vector<float> dst((size_t) c.dv*c.ntok*c.n_head*c.n_stream, NAN);
     p.dst = dst.data();
     p.d_s1 = c.dv; p.d_s2 = (int64_t) c.dv*c.ntok; p.d_s3 = (int64_t) c.dv*c.ntok*c.n_head;
+    p.uk = attn_decode_unit(p.rbk, (uintptr_t) p.k, p.k_nb1, p.k_nb2, p.k_nb3);
+    p.uv = attn_decode_unit(p.rbv, (uintptr_t) p.v, p.v_nb1, p.v_nb2, p.v_nb3);
 
-    const int cg  = p.ncols == 1 ? 1 : (p.ncols <= 4 ? 4 : 8);
-    const int ncp = (std::min(AD_CT, p.ncols) + cg - 1)/cg*cg;
-    const size_t smem = AD_CT*sizeof(int64_t) + ((size_t) ncp*std::max(p.dk, p.dv) + (size_t) AD_TC*(ncp + 1) + 3*AD_CT)*sizeof(float);
+    const int cg = attn_decode_cg(p.ncols);
+    const size_t smem = attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv);
     std::unique_ptr<float[]>  part_o;
     std::unique_ptr<float2[]> part_ml;
     if (nsplit > 1) {
@@ -338,7 +339,7 @@ static bool run_case(const attn_case & c, int seed) {
     };
     if (c.tk == GGML_TYPE_Q4_0) kv(q40{}); else if (c.tk == GGML_TYPE_Q4_1) kv(q41{}); else kv(q80{});
     if (nsplit > 1) {
-        launch((unsigned) p.ncols, (unsigned) p.n_head_kv, (unsigned) c.n_stream, 128, (nsplit + 1)*sizeof(float), [&] {
+        launch((unsigned) p.ncols, (unsigned) p.n_head_kv, (unsigned) c.n_stream, 128, attn_decode_combine_smem(p.nsplit, p.dv), [&] {
             k_attn_decode_combine(p.part_o, p.part_ml, p.sinks, p.dst, p.dv, p.ncols, p.ntok, p.gqa, p.n_head_kv, p.nsplit,
                                   p.d_s1, p.d_s2, p.d_s3);
         });
@@ -386,9 +387,9 @@ static bool run_case(const attn_case & c, int seed) {
     }
     const double nmse = num/den;
     const bool ok = finite && nmse < 1e-9;
-    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d: nsplit=%d cg=%d nmse=%.3g\n",
+    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
            ok ? "OK  " : "FAIL", tname(c.tk), tname(c.tv), c.dk, c.dv, c.n_head, c.n_head_kv, c.n_kv, c.ntok, c.n_stream,
-           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, (int) nsplit, cg, nmse);
+           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, (int) nsplit, cg, p.uk, p.uv, nmse);
     return ok;
 }
 
@@ -409,6 +410,9 @@ int main() {
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 300, 1, 1, true,  false, 128,  16}, // rotated queries
         {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 192, 128, 64, 4, 200, 2, 1, false, true,   64,  16},
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false,   0,   1}, // one split
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 1000, 1, 1, true, false,   0,   1}, // one split of 16 tiles
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0,  32,  32,  8, 2, 150, 2, 1, false, false,   0,   2}, // 18-byte rows: 2-byte units
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, 256, 256,  8, 4, 200, 1, 2, true,  false,   0,   4}, // 144/160-byte rows: 16-byte units
     };
     bool all = true;
     int seed = 1;
