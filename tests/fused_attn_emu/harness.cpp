@@ -1,4 +1,4 @@
-// Runs the CUDA kernels of patches 0023 + 0032 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
+// Runs the CUDA kernels of patches 0023 + 0032 + 0034 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
 // block's 128 threads are std::threads, __syncthreads() a block barrier, and a warp shuffle an exchange through memory
 // between two barriers of the warp's 32 threads (a shuffle that not every lane of the warp reaches deadlocks here, as
 // it is undefined on the GPU). Shared memory is a heap buffer of exactly the launch's size, filled with NaN before each
@@ -63,6 +63,23 @@ static float fp16_to_fp32(uint16_t h) {
     return f;
 }
 static inline float __half2float(half h) { return fp16_to_fp32(h.bits); }
+struct half2 { half x, y; };
+static inline float2 __half22float2(half2 h) { return {fp16_to_fp32(h.x.bits), fp16_to_fp32(h.y.bits)}; }
+
+// dp4a: c + the dot product of a's and b's four signed bytes
+static inline int ggml_cuda_dp4a(const int a, const int b, int c) {
+    for (int l = 0; l < 4; ++l) {
+        c += (int) (int8_t) (a >> (8*l)) * (int) (int8_t) (b >> (8*l));
+    }
+    return c;
+}
+
+// ggml_cuda_memcpy_1<nbytes, alignment>: a copy (alignment as ggml's: the size of each access)
+template <int nbytes, int alignment = 0>
+static inline void ggml_cuda_memcpy_1(void * dst, const void * src) {
+    static_assert(alignment == 0 || nbytes % alignment == 0, "bad alignment");
+    std::memcpy(dst, src, nbytes);
+}
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 using std::min;
 using std::max;
@@ -104,9 +121,9 @@ static inline float warp_reduce_max(float x) {
 // ---- ggml types and the x8 dequantizer (dequantize-x8.cuh, for the three types 0023 instantiates) ----
 enum ggml_type { GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q4_1 = 3, GGML_TYPE_Q8_0 = 8 };
 #pragma pack(push, 1)
-struct block_q4_0 { uint16_t d; uint8_t qs[16]; };
-struct block_q4_1 { uint16_t d, m; uint8_t qs[16]; };
-struct block_q8_0 { uint16_t d; int8_t qs[32]; };
+struct block_q4_0 { half d; uint8_t qs[16]; };
+struct block_q4_1 { half2 dm; uint8_t qs[16]; };
+struct block_q8_0 { half d; int8_t qs[32]; };
 #pragma pack(pop)
 static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q4_1) == 20 && sizeof(block_q8_0) == 34, "blocks");
 
@@ -132,7 +149,7 @@ static inline void dequantize_x8(const char * row, const int j, float * v) {
         const block_q4_0 * x = (const block_q4_0 *) row + ib;
         int q;
         std::memcpy(&q, x->qs + 4*is, 4);
-        const float d = fp16_to_fp32(x->d);
+        const float d = fp16_to_fp32(x->d.bits);
         for (int l = 0; l < 4; ++l) {
             v[l + 0] = d * (((q >> (8*l + 0)) & 0x0F) - 8);
             v[l + 4] = d * (((q >> (8*l + 4)) & 0x0F) - 8);
@@ -141,14 +158,14 @@ static inline void dequantize_x8(const char * row, const int j, float * v) {
         const block_q4_1 * x = (const block_q4_1 *) row + ib;
         int q;
         std::memcpy(&q, x->qs + 4*is, 4);
-        const float dx = fp16_to_fp32(x->d), my = fp16_to_fp32(x->m);
+        const float dx = fp16_to_fp32(x->dm.x.bits), my = fp16_to_fp32(x->dm.y.bits);
         for (int l = 0; l < 4; ++l) {
             v[l + 0] = dx * ((q >> (8*l + 0)) & 0x0F) + my;
             v[l + 4] = dx * ((q >> (8*l + 4)) & 0x0F) + my;
         }
     } else {
         const block_q8_0 * x = (const block_q8_0 *) row + ib;
-        const float d = fp16_to_fp32(x->d);
+        const float d = fp16_to_fp32(x->d.bits);
         for (int l = 0; l < 8; ++l) {
             v[l] = d * x->qs[8*is + l];
         }
@@ -206,25 +223,25 @@ static void make_row(std::mt19937 & g, ggml_type t, int d, char * out, float * d
     std::uniform_int_distribution<int> byte(0, 255);
     for (int b = 0; b < d/32; ++b) {
         if (t == GGML_TYPE_Q4_0) {
-            block_q4_0 x; x.d = rand_half(g, 9, 12);
+            block_q4_0 x; x.d.bits = rand_half(g, 9, 12);
             for (int j = 0; j < 16; ++j) x.qs[j] = (uint8_t) byte(g);
             for (int j = 0; j < 16; ++j) {
-                dec[b*32 + j]      = fp16_to_fp32(x.d) * ((x.qs[j] & 15) - 8);
-                dec[b*32 + j + 16] = fp16_to_fp32(x.d) * ((x.qs[j] >> 4) - 8);
+                dec[b*32 + j]      = fp16_to_fp32(x.d.bits) * ((x.qs[j] & 15) - 8);
+                dec[b*32 + j + 16] = fp16_to_fp32(x.d.bits) * ((x.qs[j] >> 4) - 8);
             }
             std::memcpy(out + b*18, &x, 18);
         } else if (t == GGML_TYPE_Q4_1) {
-            block_q4_1 x; x.d = rand_half(g, 9, 12); x.m = (uint16_t) (rand_half(g, 12, 14) | 0x8000);
+            block_q4_1 x; x.dm.x.bits = rand_half(g, 9, 12); x.dm.y.bits = (uint16_t) (rand_half(g, 12, 14) | 0x8000);
             for (int j = 0; j < 16; ++j) x.qs[j] = (uint8_t) byte(g);
             for (int j = 0; j < 16; ++j) {
-                dec[b*32 + j]      = fp16_to_fp32(x.d) * (x.qs[j] & 15) + fp16_to_fp32(x.m);
-                dec[b*32 + j + 16] = fp16_to_fp32(x.d) * (x.qs[j] >> 4) + fp16_to_fp32(x.m);
+                dec[b*32 + j]      = fp16_to_fp32(x.dm.x.bits) * (x.qs[j] & 15) + fp16_to_fp32(x.dm.y.bits);
+                dec[b*32 + j + 16] = fp16_to_fp32(x.dm.x.bits) * (x.qs[j] >> 4) + fp16_to_fp32(x.dm.y.bits);
             }
             std::memcpy(out + b*20, &x, 20);
         } else {
-            block_q8_0 x; x.d = rand_half(g, 5, 8);
+            block_q8_0 x; x.d.bits = rand_half(g, 5, 8);
             for (int j = 0; j < 32; ++j) x.qs[j] = (int8_t) (byte(g) - 128);
-            for (int j = 0; j < 32; ++j) dec[b*32 + j] = fp16_to_fp32(x.d) * x.qs[j];
+            for (int j = 0; j < 32; ++j) dec[b*32 + j] = fp16_to_fp32(x.d.bits) * x.qs[j];
             std::memcpy(out + b*34, &x, 34);
         }
     }
@@ -345,18 +362,32 @@ static bool run_case(const attn_case & c, int seed) {
         });
     }
 
-    // float64 reference
-    std::vector<double> qd(q.begin(), q.end());
-    if (c.n_rot > 0) { // normalized Sylvester Hadamard of every n_rot-segment
-        std::vector<double> tmp(c.n_rot);
-        for (size_t s0 = 0; s0 < qd.size(); s0 += c.n_rot) {
-            for (int r = 0; r < c.n_rot; ++r) {
-                double acc = 0;
-                for (int k = 0; k < c.n_rot; ++k) acc += (__builtin_popcount(r & k) % 2 ? -1.0 : 1.0)*qd[s0 + k];
-                tmp[r] = acc/std::sqrt((double) c.n_rot);
+    // float64 reference of softmax(scale*K.Q + mask, sinks) V with the queries as the kernel's K*Q sees them: rotated
+    // (scaled, then the butterflies in the kernel's order, in float32: the same floats), then int8 per 32 values
+    // (d = amax/127, q = round(x/d), float32 as the kernel and ggml's q8_0): the quantized queries are a choice of the
+    // kernel (0034), the reference then checks everything else exactly
+    std::vector<float> qf(q.begin(), q.end());
+    if (c.n_rot > 0) {
+        const float ys = rsqrtf((float) c.n_rot);
+        for (auto & x : qf) x *= ys;
+        for (size_t s0 = 0; s0 < qf.size(); s0 += c.n_rot) {
+            for (int hh = 1; hh < c.n_rot; hh *= 2) {
+                for (int pr = 0; pr < c.n_rot/2; ++pr) {
+                    const int i = (pr/hh)*(2*hh) + pr%hh;
+                    const float a = qf[s0 + i], b = qf[s0 + i + hh];
+                    qf[s0 + i] = a + b;
+                    qf[s0 + i + hh] = a - b;
+                }
             }
-            std::copy(tmp.begin(), tmp.end(), qd.begin() + s0);
         }
+    }
+    std::vector<double> qd(qf.size());
+    for (size_t b0 = 0; b0 < qf.size(); b0 += 32) {
+        float amax = 0.0f;
+        for (int l = 0; l < 32; ++l) amax = std::fmax(amax, std::fabs(qf[b0 + l]));
+        const float d  = amax/127.0f;
+        const float id = d != 0.0f ? 1.0f/d : 0.0f;
+        for (int l = 0; l < 32; ++l) qd[b0 + l] = (double) std::round(qf[b0 + l]*id) * (double) d;
     }
     const int gqa = c.n_head/c.n_head_kv;
     double num = 0, den = 0;
