@@ -6,13 +6,15 @@
 #   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
 #      kernel ran (plain and with the query rotation). On a failure the same cases run unfused as a control, and
 #      nothing is timed
-#   2b. KL from f16 of q4_0/q4_0 with 8-token batches (where 0023 fires), fused and with the separate ops
-#   3. op timings of the whole chain (test-backend-ops perf), fused and unfused
+#   3. V*P op timings with the separate ops (test-backend-ops perf repeats only a graph's last node, so it cannot
+#      time the fused chain; end to end does, step 4)
 #   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and unfused, with
 #      the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); ratios against f16/f16
+#   5. (time left) KL from f16 of q4_0/q4_0 with 8-token batches (where 0023 fires), fused and with the separate ops
 # Here:   python3 benchmarks/carry.py .bench-carry --tokenizer-from <SmolLM2 GGUF>
 # There:  OUT=<results folder> bash benchmarks/fused_attn_check.sh
-# Env: DEADLINE (seconds from the start after which no benchmark starts; default 540), REPS (default 2).
+# Env: DEADLINE (seconds from the start after which no benchmark starts; default 540), REPS (default 2), FAST=1 (skip
+# steps 2c and 3: the separate ops' tests and timings), KL_CHUNKS (512-token chunks of step 5, default 4).
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 t0=$(date +%s)
@@ -54,40 +56,19 @@ if [ "$rc" != 0 ]; then
     exit 1
 fi
 
-log "2b. fidelity: KL from f16 of q4_0/q4_0 (FA off) with batches of 8 tokens, where 0023 fires: fused vs separate ops"
-# 0023 fuses decode-sized batches only (<= 8 tokens per stream), so llama-perplexity runs with -b 8 -ub 8; the fused
-# kernel computes the separate ops' math in f32, so the two KLs should agree (and so inherit the separate ops' bound
-# against FA on, tests/test_v_cache.py); 8B shape, 4 x 512 tokens of llama.cpp's own docs
-wait_model llama8b
-ppl() { # label [ENV=VALUE ...] -- args...: with 8-token batches, and 0023's fusion count for the run
-    ppl_kl "$txt" "$1" LLAMA_VQ_CUDA_FUSION_STATS=1 "${@:2}" -b 8 -ub 8 -ngl 99 || return
-    echo "$1: $(attn_counts "$OUT/ppl-$1.log")" | tee -a "$txt"
-}
-ppl base -- --kl-divergence-base /tmp/kld-base
-ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence
-ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence
+if [ -z "${FAST:-}" ]; then
+log "2c. the separate ops against the CPU (dequantize_x8's users: OUT_PROD, and K*Q inside ATTN_DECODE_FUSED unfused)"
+"$bin/test-backend-ops" test -j 8 -b CUDA0 -o OUT_PROD > "$OUT/tbo-outprod.log" 2>&1
+echo "OUT_PROD: $(grep -E 'tests passed' "$OUT/tbo-outprod.log" | tail -1) $(grep -c FAIL "$OUT/tbo-outprod.log") FAIL" | tee -a "$txt"
+LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-unfused.log" 2>&1
+echo "ATTN_DECODE_FUSED unfused: $(grep -E 'tests passed' "$OUT/tbo-unfused.log" | tail -1) $(grep -c FAIL "$OUT/tbo-unfused.log") FAIL" \
+    | tee -a "$txt"
 
-log "3. op timings of the chain (us per run, test-backend-ops perf): fused vs unfused"
-LLAMA_VQ_CUDA_FUSED_ATTN=1 "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-fused.log" 2>&1
+log "3. V*P op timings, separate ops (perf repeats only the chain's last node, OUT_PROD: the fused kernel is not timed)"
 LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-unfused.log" 2>&1
-python3 - "$OUT/perf-fused.log" "$OUT/perf-unfused.log" <<'EOF' | tee -a "$txt"
-import re, sys
-def runs(path):
-    out = {}
-    for l in open(path):
-        m = re.search(r"ATTN_DECODE_FUSED\((.*?)\).*?([\d.]+) us/run", l)
-        if m:
-            v = dict(kv.split("=", 1) for kv in m.group(1).split(","))
-            key = "%s/%s d%s/%s h%s/%s kv%s t%s" % (v["type_k"], v["type_v"], v["d_k"], v["d_v"], v["n_head"],
-                                                  v["n_head_kv"], v["n_kv"], v["n_tokens"])
-            out[key] = float(m.group(2))
-    return out
-f, u = runs(sys.argv[1]), runs(sys.argv[2])
-print("shape fused_us unfused_us speedup")
-for k in f:
-    if k in u:
-        print(k.replace(" ", "_"), f[k], u[k], "%.2f" % (u[k] / f[k]))
-EOF
+grep -E "ATTN_DECODE_FUSED" "$OUT/perf-unfused.log" | sed -E 's/.*type_k=([a-z0-9_]+),type_v=([a-z0-9_]+),d_k=([0-9]+),d_v=([0-9]+),n_head=([0-9]+),n_head_kv=([0-9]+),n_kv=([0-9]+),n_tokens=([0-9]+).* ([0-9.]+) us\/run.*/\1\/\2 d\3\/\4 h\5\/\6 kv\7 t\8 \9 us/' \
+    | tee -a "$txt"
+fi
 
 wait_model llama8b
 # bench LABEL CTK CTV [ENV=VALUE ...]: 8B shape, FA off, tg128 at 0/8K/32K; "LABEL K V depth t/s std" lines, and the
@@ -119,4 +100,23 @@ for r in rows:
     if r[0] != "f16" and r[3] in base:
         print(r[0], r[3], r[4], "%.3f" % (float(r[4]) / base[r[3]]))
 EOF
+if late; then log "skipped (deadline): KL"; else
+log "5. fidelity: KL from f16 of q4_0/q4_0 (FA off) with batches of 8 tokens, where 0023 fires: fused vs separate ops"
+# 0023 fuses decode-sized batches only (<= 8 tokens per stream), so llama-perplexity runs with -b 8 -ub 8; the fused
+# kernel computes the separate ops' math in f32, so the two KLs should agree (and so inherit the separate ops' bound
+# against FA on, tests/test_v_cache.py); 8B shape, 4 x 512 tokens of llama.cpp's own docs
+wait_model llama8b
+ppl() { # label [ENV=VALUE ...] -- args...: with 8-token batches, and 0023's fusion count for the run
+    ppl_kl "$txt" "$1" LLAMA_VQ_CUDA_FUSION_STATS=1 "${@:2}" -b 8 -ub 8 -ngl 99 || return
+    echo "$1: $(attn_counts "$OUT/ppl-$1.log")" | tee -a "$txt"
+}
+ppl base -- --kl-divergence-base /tmp/kld-base --chunks "${KL_CHUNKS:-4}"
+ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
+    --chunks "${KL_CHUNKS:-4}"
+ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
+    --chunks "${KL_CHUNKS:-4}"
+# the same kernel with other splits (another summation order only): how far rounding alone moves this model's KL
+ppl q4_0-fused-bpsm8 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_BPSM=8 -- -ctk q4_0 -ctv q4_0 \
+    --kl-divergence-base /tmp/kld-base --kl-divergence --chunks "${KL_CHUNKS:-4}"
+fi
 log done
