@@ -6,15 +6,19 @@
 #   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
 #      kernel ran (plain and with the query rotation). On a failure the same cases run unfused as a control, and
 #      nothing is timed
-#   3. V*P op timings with the separate ops (test-backend-ops perf repeats only a graph's last node, so it cannot
+#   2c. (unless FAST=1) OUT_PROD and ATTN_DECODE_FUSED with the separate ops against the CPU
+#   3. (unless FAST=1) V*P op timings with the separate ops (test-backend-ops perf repeats only a graph's last node, so it cannot
 #      time the fused chain; end to end does, step 4)
 #   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and unfused, with
 #      the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); ratios against f16/f16
-#   5. (time left) KL from f16 of q4_0/q4_0 with 8-token batches (where 0023 fires), fused and with the separate ops
+#   5. (time left) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate, separate with V*P
+#      on TF32 (how far precision alone moves it); q8_0/q8_0 fused and separate
+#   6. (NCU=1) ncu's full set for one launch of the fused kernel at 32K
 # Here:   python3 benchmarks/carry.py .bench-carry --tokenizer-from <SmolLM2 GGUF>
 # There:  OUT=<results folder> bash benchmarks/fused_attn_check.sh
 # Env: DEADLINE (seconds from the start after which no benchmark starts; default 540), REPS (default 2), FAST=1 (skip
-# steps 2c and 3: the separate ops' tests and timings), KL_CHUNKS (512-token chunks of step 5, default 4).
+# steps 2c and 3: the separate ops' tests and timings), KL_CHUNKS (512-token chunks of step 5, default 4),
+# NCU=1 (step 6).
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 t0=$(date +%s)
@@ -115,8 +119,23 @@ ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-diverge
     --chunks "${KL_CHUNKS:-4}"
 ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
     --chunks "${KL_CHUNKS:-4}"
-# the same kernel with other splits (another summation order only): how far rounding alone moves this model's KL
-ppl q4_0-fused-bpsm8 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_BPSM=8 -- -ctk q4_0 -ctv q4_0 \
+# how far a change of V*P's precision alone moves this model's q4_0 KL (the separate ops, V*P on the TF32 GEMM)
+ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- -ctk q4_0 -ctv q4_0 \
     --kl-divergence-base /tmp/kld-base --kl-divergence --chunks "${KL_CHUNKS:-4}"
+# q8_0 adds little error of its own: the clean view of what the fused path (its int8 queries) adds
+ppl q8_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q8_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
+    --chunks "${KL_CHUNKS:-4}"
+ppl q8_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q8_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
+    --chunks "${KL_CHUNKS:-4}"
+fi
+if [ -n "${NCU:-}" ]; then
+    # where the fused kernel's time goes at 32K (issue- or stall-bound, and on what): one launch of a decode step,
+    # hardware counters (ncu works on these machines with --clock-control none)
+    log "6. ncu of k_attn_decode, 8B q4_0/q4_0 at 32K, fused"
+    LLAMA_VQ_CUDA_FUSED_ATTN=1 timeout 300 ncu --clock-control none -k k_attn_decode --launch-skip 64 --launch-count 1 \
+        --set full "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa 0 -p 0 -n 8 -d 32768 -r 1 \
+        -ctk q4_0 -ctv q4_0 > "$OUT/ncu-fused.txt" 2>&1
+    grep -E "Duration|Throughput|Issue Slots|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|Bank" \
+        "$OUT/ncu-fused.txt" | head -50 | tee -a "$txt"
 fi
 log done
