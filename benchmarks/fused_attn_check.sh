@@ -7,8 +7,8 @@
 #      kernel ran (plain and with the query rotation). On a failure the same cases run unfused as a control, and
 #      nothing is timed
 #   2c. (unless FAST=1) OUT_PROD and ATTN_DECODE_FUSED with the separate ops against the CPU
-#   3. (unless FAST=1) V*P op timings with the separate ops (test-backend-ops perf repeats only a graph's last node, so it cannot
-#      time the fused chain; end to end does, step 4)
+#   3. (unless FAST=1) V*P op timings with the separate ops (test-backend-ops perf repeats only a graph's last node,
+#      so it cannot time the fused chain; end to end does, step 4)
 #   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and unfused, with
 #      the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); ratios against f16/f16
 #   5. (time left) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate, separate with V*P
@@ -36,11 +36,13 @@ log built
 
 # attn_ran LOG: the fused attention's counts that 0023 prints at exit ("attention fusions run: attn=N rotated=N")
 attn_counts() { grep -o "attention fusions run: .*" "$1" | tail -1; }
+# passed LOG: test-backend-ops' "N/M tests passed" line of LOG and its count of FAIL lines
+passed() { echo "$(grep -E 'tests passed' "$1" | tail -1) $(grep -c FAIL "$1") FAIL"; }
 
 log "2. test-backend-ops ATTN_DECODE_FUSED against the CPU (fused: the default)"
 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-fused.log" 2>&1
 rc=$?
-echo "fused: $(grep -E 'tests passed' "$OUT/tbo-fused.log" | tail -1) $(grep -c FAIL "$OUT/tbo-fused.log") FAIL, $(attn_counts "$OUT/tbo-fused.log")" \
+echo "fused: $(passed "$OUT/tbo-fused.log"), $(attn_counts "$OUT/tbo-fused.log")" \
     | tee -a "$txt"
 grep -E "FAIL" "$OUT/tbo-fused.log" | head -10 | tee -a "$txt"
 counts=$(attn_counts "$OUT/tbo-fused.log")
@@ -53,7 +55,7 @@ fi
 if [ "$rc" != 0 ]; then
     log "control: the same cases unfused (LLAMA_VQ_CUDA_FUSED_ATTN=0)"
     LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-unfused.log" 2>&1
-    echo "unfused: $(grep -E 'tests passed' "$OUT/tbo-unfused.log" | tail -1) $(grep -c FAIL "$OUT/tbo-unfused.log") FAIL" \
+    echo "unfused: $(passed "$OUT/tbo-unfused.log")" \
         | tee -a "$txt"
     grep -E "FAIL" "$OUT/tbo-unfused.log" | head -5 | tee -a "$txt"
     log "test-backend-ops failed: nothing timed"
@@ -63,10 +65,9 @@ fi
 if [ -z "${FAST:-}" ]; then
 log "2c. the separate ops against the CPU (dequantize_x8's users: OUT_PROD, and K*Q inside ATTN_DECODE_FUSED unfused)"
 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o OUT_PROD > "$OUT/tbo-outprod.log" 2>&1
-echo "OUT_PROD: $(grep -E 'tests passed' "$OUT/tbo-outprod.log" | tail -1) $(grep -c FAIL "$OUT/tbo-outprod.log") FAIL" | tee -a "$txt"
+echo "OUT_PROD: $(passed "$OUT/tbo-outprod.log")" | tee -a "$txt"
 LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-unfused.log" 2>&1
-echo "ATTN_DECODE_FUSED unfused: $(grep -E 'tests passed' "$OUT/tbo-unfused.log" | tail -1) $(grep -c FAIL "$OUT/tbo-unfused.log") FAIL" \
-    | tee -a "$txt"
+echo "ATTN_DECODE_FUSED unfused: $(passed "$OUT/tbo-unfused.log")" | tee -a "$txt"
 
 log "3. V*P op timings, separate ops (perf repeats only the chain's last node, OUT_PROD: the fused kernel is not timed)"
 LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/perf-unfused.log" 2>&1
@@ -105,28 +106,25 @@ for r in rows:
         print(r[0], r[3], r[4], "%.3f" % (float(r[4]) / base[r[3]]))
 EOF
 if late; then log "skipped (deadline): KL"; else
-log "5. fidelity: KL from f16 of q4_0/q4_0 (FA off) with batches of 8 tokens, where 0023 fires: fused vs separate ops"
+log "5. fidelity: KL from f16 (FA off) with batches of 8 tokens, where 0023 fires: fused vs separate ops"
 # 0023 fuses decode-sized batches only (<= 8 tokens per stream), so llama-perplexity runs with -b 8 -ub 8; the fused
-# kernel computes the separate ops' math in f32, so the two KLs should agree (and so inherit the separate ops' bound
-# against FA on, tests/test_v_cache.py); 8B shape, 4 x 512 tokens of llama.cpp's own docs
+# kernel's V*P and softmax are the separate ops' f32 math in another order, its K*Q takes int8 queries (0034) as the
+# CPU's does; 8B shape, KL_CHUNKS x 512 tokens of llama.cpp's own docs against the f16 run's logits
 wait_model llama8b
 ppl() { # label [ENV=VALUE ...] -- args...: with 8-token batches, and 0023's fusion count for the run
-    ppl_kl "$txt" "$1" LLAMA_VQ_CUDA_FUSION_STATS=1 "${@:2}" -b 8 -ub 8 -ngl 99 || return
+    ppl_kl "$txt" "$1" LLAMA_VQ_CUDA_FUSION_STATS=1 "${@:2}" -b 8 -ub 8 -ngl 99 --chunks "${KL_CHUNKS:-4}" \
+        --kl-divergence-base /tmp/kld-base || return
     echo "$1: $(attn_counts "$OUT/ppl-$1.log")" | tee -a "$txt"
 }
-ppl base -- --kl-divergence-base /tmp/kld-base --chunks "${KL_CHUNKS:-4}"
-ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
-    --chunks "${KL_CHUNKS:-4}"
-ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
-    --chunks "${KL_CHUNKS:-4}"
+ppl base --
+ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence
+ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence
 # how far a change of V*P's precision alone moves this model's q4_0 KL (the separate ops, V*P on the TF32 GEMM)
-ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- -ctk q4_0 -ctv q4_0 \
-    --kl-divergence-base /tmp/kld-base --kl-divergence --chunks "${KL_CHUNKS:-4}"
+ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- \
+    -ctk q4_0 -ctv q4_0 --kl-divergence
 # q8_0 adds little error of its own: the clean view of what the fused path (its int8 queries) adds
-ppl q8_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q8_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
-    --chunks "${KL_CHUNKS:-4}"
-ppl q8_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q8_0 --kl-divergence-base /tmp/kld-base --kl-divergence \
-    --chunks "${KL_CHUNKS:-4}"
+ppl q8_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q8_0 --kl-divergence
+ppl q8_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q8_0 --kl-divergence
 fi
 if [ -n "${NCU:-}" ]; then
     # where the fused kernel's time goes at 32K (issue- or stall-bound, and on what): one launch of a decode step,
