@@ -1,5 +1,6 @@
-"""Patch 0023's CUDA kernels (k_attn_decode, k_attn_decode_combine; 0032's staged tiles, 0034's int8 K*Q) run on the
-CPU, verbatim.
+"""Patch 0023's CUDA kernels (k_attn_decode, k_attn_decode_combine; 0032's staged tiles, 0034's int8 K*Q, 0036's two
+tile buffers and parallel combine, 0037's permuted and rotated output, 0038's host-planned staging) run on the CPU,
+verbatim.
 
 tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu as the series leaves it: 0023
 creates it, later patches change it; cut out of those patches' diffs with `git apply`), a CUDA surface made of
@@ -7,8 +8,10 @@ std::threads: a block's 128 threads run concurrently, __syncthreads() is a barri
 two barriers of the warp's 32 threads (so a shuffle that some lane of a warp does not reach deadlocks: the timeout
 catches it), shared memory a buffer of exactly the launch's size filled with NaN (AddressSanitizer catches any access
 past it, and any read of a slot nothing wrote reaches the output as NaN); without cp.async, the tiles are staged by the
-kernels' plain-load path (HIP's). Each case (8B shape, MiMo's K 192 at GQA 8/16, d 32 to 256, 1-64 columns, 1 to 16
-tiles per split, several splits, 2 streams, f16/f32 mask, sinks, rotated queries, 2- to 16-byte staging units) is
+kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS (the code NVIDIA's cp.async pipeline
+runs), into two. Each case (8B shape, MiMo's K 192 at GQA 8/16, d 32 to 256, 1-64 columns, 1 to 16 tiles per split,
+several splits, 2 streams, f16/f32 mask, sinks, rotated queries, 2- to 16-byte staging units, one or two buffers, the
+output as OUT_PROD leaves it or permuted and contiguous, with V's inverse rotation of 64 or 128 or without) is
 compared with a float64 reference on the same quantized blocks, decoded independently of the kernel's dequantizer,
 with the queries int8 per 32 values as the kernel's K*Q takes them (quantized in float32 the same way). Not covered:
 anything that differs between this emulation and a GPU (cp.async, memory model beyond barriers, 64-wide wavefronts,

@@ -1,4 +1,4 @@
-// Runs the CUDA kernels of patches 0023 + 0032 + 0034 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
+// Runs the CUDA kernels of patches 0023 + 0032-0038 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
 // block's 128 threads are std::threads, __syncthreads() a block barrier, and a warp shuffle an exchange through memory
 // between two barriers of the warp's 32 threads (a shuffle that not every lane of the warp reaches deadlocks here, as
 // it is undefined on the GPU). Shared memory is a heap buffer of exactly the launch's size, filled with NaN before each
@@ -174,6 +174,8 @@ static inline void dequantize_x8(const char * row, const int j, float * v) {
 
 // ---- the kernels, verbatim but for their `extern __shared__` declarations, which point at g_smem ----
 static int64_t * g_smem = nullptr; // the launch's dynamic shared memory
+// the two-buffer tile pipeline (0036) is NVIDIA's (cp.async); here its code runs with plain loads
+#define AD_TWO_BUFFERS
 #include KERNEL_INC
 
 // launch: blocks one after another, 128 threads each
@@ -252,6 +254,9 @@ struct attn_case {
     int dk, dv, n_head, n_head_kv, n_kv, ntok, n_stream;
     bool sinks, mask_f16;
     int n_rot, nsm;
+    int nbuf; // K and V tile buffers (0036): 2 as on NVIDIA sm_80+ (staged here by plain loads), 1 as on HIP
+    bool tail = false; // 0037: the output permuted to [d_v, n_head, n_tokens, n_stream], contiguous
+    int out_rot = 0;   // 0037: and every out_rot-segment of a row Hadamard-rotated (V's inverse rotation)
 };
 
 static const char * tname(ggml_type t) { return t == GGML_TYPE_Q4_0 ? "q4_0" : t == GGML_TYPE_Q4_1 ? "q4_1" : "q8_0"; }
@@ -325,11 +330,18 @@ static bool run_case(const attn_case & c, int seed) {
     std::vector<float> dst((size_t) c.dv*c.ntok*c.n_head*c.n_stream, NAN);
     p.dst = dst.data();
     p.d_s1 = c.dv; p.d_s2 = (int64_t) c.dv*c.ntok; p.d_s3 = (int64_t) c.dv*c.ntok*c.n_head;
+    if (c.tail) {
+        p.d_s1 = (int64_t) c.dv*c.n_head; p.d_s2 = c.dv; p.d_s3 = (int64_t) c.dv*c.n_head*c.ntok;
+    }
+    p.out_rot = c.out_rot;
     p.uk = attn_decode_unit(p.rbk, (uintptr_t) p.k, p.k_nb1, p.k_nb2, p.k_nb3);
     p.uv = attn_decode_unit(p.rbv, (uintptr_t) p.v, p.v_nb1, p.v_nb2, p.v_nb3);
+    p.gk = attn_decode_stage_geo(p.rbk, p.uk);
+    p.gv = attn_decode_stage_geo(p.rbv, p.uv);
 
     const int cg = attn_decode_cg(p.ncols);
-    const size_t smem = attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv);
+    p.nbuf = c.nbuf;
+    const size_t smem = attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf);
     std::unique_ptr<float[]>  part_o;
     std::unique_ptr<float2[]> part_ml;
     if (nsplit > 1) {
@@ -358,7 +370,7 @@ static bool run_case(const attn_case & c, int seed) {
     if (nsplit > 1) {
         launch((unsigned) p.ncols, (unsigned) p.n_head_kv, (unsigned) c.n_stream, 128, attn_decode_combine_smem(p.nsplit, p.dv), [&] {
             k_attn_decode_combine(p.part_o, p.part_ml, p.sinks, p.dst, p.dv, p.ncols, p.ntok, p.gqa, p.n_head_kv, p.nsplit,
-                                  p.d_s1, p.d_s2, p.d_s3);
+                                  p.d_s1, p.d_s2, p.d_s3, p.out_rot);
         });
     }
 
@@ -406,11 +418,30 @@ static bool run_case(const attn_case & c, int seed) {
         }
         double sum = c.sinks ? std::exp(sinks[h] - mx) : 0.0;
         for (int k = 0; k < c.n_kv; ++k) { sc[k] = std::exp(sc[k] - mx); sum += sc[k]; }
+        std::vector<double> orow(c.dv);
         for (int i = 0; i < c.dv; ++i) {
             double o = 0;
             for (int k = 0; k < c.n_kv; ++k) o += sc[k]*vd[(((size_t) s*kv_size + k)*c.n_head_kv + hk)*c.dv + i];
-            o /= sum;
-            const float got = dst[(((size_t) s*c.n_head + h)*c.ntok + t)*c.dv + i];
+            orow[i] = o/sum;
+        }
+        if (c.out_rot > 0) { // the inverse V rotation as a matrix: (H x)[r] = sum_j (-1)^popcount(r & j) x[j] / sqrt(n)
+            std::vector<double> rr(c.dv);
+            for (int s0 = 0; s0 < c.dv; s0 += c.out_rot) {
+                for (int r = 0; r < c.out_rot; ++r) {
+                    double a = 0;
+                    for (int j = 0; j < c.out_rot; ++j) {
+                        a += (__builtin_popcount((unsigned) (r & j)) % 2 ? -1.0 : 1.0)*orow[s0 + j];
+                    }
+                    rr[s0 + r] = a/std::sqrt((double) c.out_rot);
+                }
+            }
+            orow = rr;
+        }
+        for (int i = 0; i < c.dv; ++i) {
+            const double o = orow[i];
+            const size_t di = c.tail ? (((size_t) s*c.ntok + t)*c.n_head + h)*c.dv + i
+                                     : (((size_t) s*c.n_head + h)*c.ntok + t)*c.dv + i;
+            const float got = dst[di];
             finite = finite && std::isfinite(got);
             num += (got - o)*(got - o);
             den += o*o;
@@ -418,32 +449,38 @@ static bool run_case(const attn_case & c, int seed) {
     }
     const double nmse = num/den;
     const bool ok = finite && nmse < 1e-9;
-    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
+    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
            ok ? "OK  " : "FAIL", tname(c.tk), tname(c.tv), c.dk, c.dv, c.n_head, c.n_head_kv, c.n_kv, c.ntok, c.n_stream,
-           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, (int) nsplit, cg, p.uk, p.uv, nmse);
+           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, c.nbuf, (int) c.tail, c.out_rot, (int) nsplit, cg, p.uk, p.uv, nmse);
     return ok;
 }
 
 int main() {
     const attn_case cases[] = {
-        // tk, tv, dk, dv, n_head, n_head_kv, n_kv, ntok, n_stream, sinks, mask_f16, n_rot, nsm
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,   1, 1, 1, false, false,   0, 132}, // 8B shape
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 127, 2, 1, true,  false,   0, 132},
-        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 128, 128, 32, 8, 700, 1, 1, true,  false,   0,  16},
-        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 600, 8, 1, false, false,   0,  16}, // 32 columns
-        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 900, 1, 1, true,  false,   0,  16}, // MiMo full: GQA 16
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 300, 3, 1, true,  false,   0,  16}, // 48 columns: 2 tiles
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 192, 128, 64, 8, 520, 8, 1, false, true,    0,  16}, // MiMo SWA, 64 columns
-        {GGML_TYPE_Q4_1, GGML_TYPE_Q4_1,  64,  64, 16, 4, 333, 3, 1, true,  false,   0,   8}, // 12 columns, padded chunk
-        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 256, 256, 16, 2, 200, 4, 1, false, false,   0,   8}, // 32 columns x d 256
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128,  8, 8, 260, 1, 1, false, false,   0,   8}, // GQA 1: one column
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 400, 2, 2, true,  false,   0,  16}, // 2 streams
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 300, 1, 1, true,  false, 128,  16}, // rotated queries
-        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 192, 128, 64, 4, 200, 2, 1, false, true,   64,  16},
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false,   0,   1}, // one split
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 1000, 1, 1, true, false,   0,   1}, // one split of 16 tiles
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0,  32,  32,  8, 2, 150, 2, 1, false, false,   0,   2}, // 18-byte rows: 2-byte units
-        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, 256, 256,  8, 4, 200, 1, 2, true,  false,   0,   4}, // 144/160-byte rows: 16-byte units
+        // tk, tv, dk, dv, n_head, n_head_kv, n_kv, ntok, n_stream, sinks, mask_f16, n_rot, nsm, nbuf
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,   1, 1, 1, false, false,   0, 132, 1}, // 8B shape
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 127, 2, 1, true,  false,   0, 132, 1},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 128, 128, 32, 8, 700, 1, 1, true,  false,   0,  16, 2},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 600, 8, 1, false, false,   0,  16, 2}, // 32 columns
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 900, 1, 1, true,  false,   0,  16, 2}, // MiMo full: GQA 16
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 300, 3, 1, true,  false,   0,  16, 1}, // 48 columns: 2 tiles
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 192, 128, 64, 8, 520, 8, 1, false, true,    0,  16, 2}, // MiMo SWA, 64 columns
+        {GGML_TYPE_Q4_1, GGML_TYPE_Q4_1,  64,  64, 16, 4, 333, 3, 1, true,  false,   0,   8, 1}, // 12 columns, padded chunk
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 256, 256, 16, 2, 200, 4, 1, false, false,   0,   8, 2}, // 32 columns x d 256
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128,  8, 8, 260, 1, 1, false, false,   0,   8, 1}, // GQA 1: one column
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 400, 2, 2, true,  false,   0,  16, 2}, // 2 streams
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 300, 1, 1, true,  false, 128,  16, 2}, // rotated queries
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 192, 128, 64, 4, 200, 2, 1, false, true,   64,  16, 2},
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false,   0,   1, 1}, // one split
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 1000, 1, 1, true, false,   0,   1, 2}, // one split of 16 tiles
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 1000, 1, 1, true, false,   0,   1, 1}, // the same with one buffer
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0,  32,  32,  8, 2, 150, 2, 1, false, false,   0,   2, 1}, // 18-byte rows: 2-byte units
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, 256, 256,  8, 4, 200, 1, 2, true,  false,   0,   4, 2}, // 144/160-byte rows: 16-byte units
+        // 0037: the permuted, contiguous output, and V's inverse rotation (one split: in ad_write_out; several: in the combine)
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false, 128,   1, 2, true,  64},
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 400, 2, 2, true,  false, 128,  16, 2, true,  64},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 300, 2, 1, true,  false,  64,  16, 1, true, 128},
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 260, 3, 1, false, true,    0,   8, 2, true,   0},
     };
     bool all = true;
     int seed = 1;
