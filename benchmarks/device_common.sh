@@ -118,7 +118,7 @@ ppl_kl() {
     while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
     [ -s /tmp/ppl-text.txt ] || cat "$C"/llama.cpp/*.md "$C"/llama.cpp/tools/*/README.md > /tmp/ppl-text.txt
-    env ${envs[@]+"${envs[@]}"} timeout 300 "$bin/llama-perplexity" -m "$M/synth-llama8b.gguf" -f /tmp/ppl-text.txt \
+    env ${envs[@]+"${envs[@]}"} timeout "${PPL_TIMEOUT:-300}" "$bin/llama-perplexity" -m "$M/synth-llama8b.gguf" -f /tmp/ppl-text.txt \
         -c 512 --chunks 4 -fa off "$@" > "$OUT/ppl-$label.log" 2>&1 \
         || { echo "$label: failed ($(tail -1 "$OUT/ppl-$label.log"))" | tee -a "$txt"; return 1; }
     grep -E "^(Mean +KLD|Same top p|Mean PPL\(Q\)/PPL\(base\))" "$OUT/ppl-$label.log" | sed "s/^/$label: /" | tee -a "$txt"

@@ -9,16 +9,23 @@
 #   2c. (unless FAST=1) OUT_PROD and ATTN_DECODE_FUSED with the separate ops against the CPU
 #   3. (unless FAST=1) V*P op timings with the separate ops (test-backend-ops perf repeats only a graph's last node,
 #      so it cannot time the fused chain; end to end does, step 4)
-#   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and unfused, with
-#      the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); ratios against f16/f16
+#   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and (unless
+#      SEPARATE=0) unfused, with the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); with AB=1 also
+#      q4_0 fused with one tile buffer (0036's pipeline off) and without the output tail (0037 off); ratios to f16/f16
 #   5. (time left) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate, separate with V*P
 #      on TF32 (how far precision alone moves it); q8_0/q8_0 fused and separate
-#   6. (NCU=1) ncu's full set for one launch of the fused kernel at 32K
+#   6. (NCU=1) ncu's full set for one launch of the fused kernel and one of its combine at 32K
+#   7. (MIMO=1) the MiMo shape (tools/synth_models.py mimo --preset attn: GQA 16 full layers, GQA 8 sliding-window
+#      layers, sinks), tg128 at 0/32K/64K, one repetition: f16/f16, the production types q8_0 K / q4_1 V fused and
+#      separate, q4_0/q4_0 fused; ratios to f16/f16
 # Here:   python3 benchmarks/carry.py .bench-carry --tokenizer-from <SmolLM2 GGUF>
 # There:  OUT=<results folder> bash benchmarks/fused_attn_check.sh
 # Env: DEADLINE (seconds from the start after which no benchmark starts; default 540), REPS (default 2), FAST=1 (skip
-# steps 2c and 3: the separate ops' tests and timings), KL_CHUNKS (512-token chunks of step 5, default 4),
-# NCU=1 (step 6).
+# steps 2c and 3: the separate ops' tests and timings), KL_CHUNKS (512-token chunks of step 5, default 4; 0 skips
+# it; FA_CPU=1 adds FA-on rows: this build has no CUDA FA kernels, so the scheduler runs FLASH_ATTN_EXT on the CPU
+# backend, 16 threads, the rest of the model on the GPU; PROD=1 adds q8_0 K / q4_1 V rows), NCU=1 (step 6),
+# SEPARATE=0, AB=1 and BENCH=0 (step 4: BENCH=0 skips it), MIMO=1 (step 7; its model is generated in the background
+# from the start, also with MIMO_GEN=1 alone, so that a later call on the same machine finds it).
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 t0=$(date +%s)
@@ -26,6 +33,7 @@ txt=$OUT/fused-attn.txt
 log() { echo "[fattn $(( $(date +%s) - t0 ))s] $*" | tee -a "$txt"; }
 late() { [ $(( $(date +%s) - t0 )) -gt "${DEADLINE:-540}" ]; }
 gen llama8b llama --preset llama-3.1-8b
+if [ -n "${MIMO:-}${MIMO_GEN:-}" ]; then gen mimo mimo --preset attn; fi
 B=/tmp/fattn-build
 bin=$B/build/bin
 if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/test-backend-ops" ] || [ ! -x "$bin/llama-perplexity" ]; then
@@ -47,9 +55,11 @@ echo "fused: $(passed "$OUT/tbo-fused.log"), $(attn_counts "$OUT/tbo-fused.log")
 grep -E "FAIL" "$OUT/tbo-fused.log" | head -10 | tee -a "$txt"
 counts=$(attn_counts "$OUT/tbo-fused.log")
 plain=$(echo "$counts" | sed -n 's/.*attn=\([0-9]*\).*/\1/p')
-rot=$(echo "$counts" | sed -n 's/.*rotated=\([0-9]*\).*/\1/p')
-if [ "${plain:-0}" -eq 0 ] || [ "${rot:-0}" -eq 0 ]; then
-    log "FAILED: the fused kernel never ran (plain ${plain:-?}, rotated ${rot:-?})"
+rot=$(echo "$counts" | sed -n 's/.* rotated=\([0-9]*\).*/\1/p')
+tail_=$(echo "$counts" | sed -n 's/.* tail=\([0-9]*\).*/\1/p')
+tailr=$(echo "$counts" | sed -n 's/.* tail_rotated=\([0-9]*\).*/\1/p')
+if [ "${plain:-0}" -eq 0 ] || [ "${rot:-0}" -eq 0 ] || [ "${tail_:-0}" -eq 0 ] || [ "${tailr:-0}" -eq 0 ]; then
+    log "FAILED: the fused kernel never ran in some form (plain ${plain:-?}, rotated ${rot:-?}, tail ${tail_:-?}, tail rotated ${tailr:-?})"
     rc=1
 fi
 if [ "$rc" != 0 ]; then
@@ -76,6 +86,7 @@ grep -E "ATTN_DECODE_FUSED" "$OUT/perf-unfused.log" | sed -E 's/.*type_k=([a-z0-
 fi
 
 wait_model llama8b
+if [ "${BENCH:-1}" != 0 ]; then
 # bench LABEL CTK CTV [ENV=VALUE ...]: 8B shape, FA off, tg128 at 0/8K/32K; "LABEL K V depth t/s std" lines, and the
 # fused attention's count for this config
 bench() {
@@ -93,9 +104,13 @@ for l in sys.stdin:
 log "4. 8B decode (tg128 at 0/8K/32K, FA off): f16, q4_0 and q8_0 fused (default) and unfused"
 bench f16 f16 f16
 bench q4_0 q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
-bench q4_0-unfused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
+if [ -n "${AB:-}" ]; then
+    bench q4_0-1buf q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_NBUF=1
+    bench q4_0-notail q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_TAIL=0
+fi
+[ "${SEPARATE:-1}" = 0 ] || bench q4_0-unfused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 bench q8_0 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
-bench q8_0-unfused q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
+[ "${SEPARATE:-1}" = 0 ] || bench q8_0-unfused q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 python3 - "$OUT/bench.txt" <<'EOF' | tee -a "$txt"
 import sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
@@ -105,35 +120,80 @@ for r in rows:
     if r[0] != "f16" and r[3] in base:
         print(r[0], r[3], r[4], "%.3f" % (float(r[4]) / base[r[3]]))
 EOF
-if late; then log "skipped (deadline): KL"; else
+fi
+if [ -n "${MIMO:-}" ] && ! late; then
+    log "7. MiMo shape, FA off, tg128 at 0/32K/64K: f16, q8_0/q4_1 fused and separate, q4_0 fused"
+    wait_model mimo
+    mm="$M/synth-mimo.gguf"
+    cfgs=("f16 f16 f16" "q8_0-q4_1-fused q8_0 q4_1 LLAMA_VQ_CUDA_FUSED_ATTN=1" "q4_0-fused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1")
+    [ "${SEPARATE:-1}" = 0 ] || cfgs+=("q8_0-q4_1-separate q8_0 q4_1 LLAMA_VQ_CUDA_FUSED_ATTN=0")
+    for cfg in "${cfgs[@]}"; do
+        if late; then log "skipped (deadline): mimo $cfg"; continue; fi
+        # shellcheck disable=SC2086
+        bench_tg "$OUT/mimo.txt" "$mm" "-n 128 -d 0,32768,65536 -r 1" $cfg
+    done
+    python3 - "$OUT/mimo.txt" <<'EOF' | tee -a "$txt"
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+base = {r[3]: float(r[4]) for r in rows if r[0] == "f16"}
+print("mimo label depth t/s ratio_to_f16")
+for r in rows:
+    if r[0] != "f16" and r[3] in base:
+        print("mimo", r[0], r[3], r[4], "%.3f" % (float(r[4]) / base[r[3]]))
+EOF
+fi
+
+if [ "${KL_CHUNKS:-4}" = 0 ]; then log "KL skipped (KL_CHUNKS=0)"; elif late; then log "skipped (deadline): KL"; else
 log "5. fidelity: KL from f16 (FA off) with batches of 8 tokens, where 0023 fires: fused vs separate ops"
 # 0023 fuses decode-sized batches only (<= 8 tokens per stream), so llama-perplexity runs with -b 8 -ub 8; the fused
 # kernel's V*P and softmax are the separate ops' f32 math in another order, its K*Q takes int8 queries (0034) as the
 # CPU's does; 8B shape, KL_CHUNKS x 512 tokens of llama.cpp's own docs against the f16 run's logits
 wait_model llama8b
 ppl() { # label [ENV=VALUE ...] -- args...: with 8-token batches, and 0023's fusion count for the run
+    if late; then log "skipped (deadline): $1"; return; fi
     ppl_kl "$txt" "$1" LLAMA_VQ_CUDA_FUSION_STATS=1 "${@:2}" -b 8 -ub 8 -ngl 99 --chunks "${KL_CHUNKS:-4}" \
         --kl-divergence-base /tmp/kld-base || return
     echo "$1: $(attn_counts "$OUT/ppl-$1.log")" | tee -a "$txt"
 }
+# FA on with the same cache types (issue 12's fidelity bound, FA_CPU=1): FLASH_ATTN_EXT on the CPU backend (this build
+# has no CUDA FA kernels), 512-token batches (FA's result does not depend on the batching)
+pplfa() {
+    [ -n "${FA_CPU:-}" ] || return 0
+    if late; then log "skipped (deadline): $1"; return; fi
+    ppl_kl "$txt" "$1" -- -fa on -b 512 -ub 512 -t 16 -ngl 99 --chunks "${KL_CHUNKS:-4}" \
+        --kl-divergence-base /tmp/kld-base --kl-divergence "${@:2}"
+}
 ppl base --
-ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence
+[ "${SEPARATE:-1}" = 0 ] || ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence
 ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence
+pplfa q4_0-fa-on-cpu -ctk q4_0 -ctv q4_0
 # how far a change of V*P's precision alone moves this model's q4_0 KL (the separate ops, V*P on the TF32 GEMM)
-ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- \
+[ -n "${FAST:-}" ] || ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- \
     -ctk q4_0 -ctv q4_0 --kl-divergence
 # q8_0 adds little error of its own: the clean view of what the fused path (its int8 queries) adds
-ppl q8_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q8_0 --kl-divergence
+[ "${SEPARATE:-1}" = 0 ] || ppl q8_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q8_0 --kl-divergence
 ppl q8_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q8_0 --kl-divergence
+pplfa q8_0-fa-on-cpu -ctk q8_0 -ctv q8_0
+if [ -n "${PROD:-}" ]; then
+    [ "${SEPARATE:-1}" = 0 ] || ppl q8_0-q4_1-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q4_1 --kl-divergence
+    ppl q8_0-q4_1-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q4_1 --kl-divergence
+    pplfa q8_0-q4_1-fa-on-cpu -ctk q8_0 -ctv q4_1
 fi
+fi
+
+
 if [ -n "${NCU:-}" ]; then
     # where the fused kernel's time goes at 32K (issue- or stall-bound, and on what): one launch of a decode step,
     # hardware counters (ncu works on these machines with --clock-control none)
-    log "6. ncu of k_attn_decode, 8B q4_0/q4_0 at 32K, fused"
-    LLAMA_VQ_CUDA_FUSED_ATTN=1 timeout 300 ncu --clock-control none -k k_attn_decode --launch-skip 64 --launch-count 1 \
-        --set full "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa 0 -p 0 -n 8 -d 32768 -r 1 \
-        -ctk q4_0 -ctv q4_0 > "$OUT/ncu-fused.txt" 2>&1
-    grep -E "Duration|Throughput|Issue Slots|Issued Ipc|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|Bank" \
-        "$OUT/ncu-fused.txt" | head -50 | tee -a "$txt"
+    # the depth's prefill in 8 ubatches of 4096 (no fused launch there), no warmup: launch 41 is token 2's layer 9
+    for kern in k_attn_decode k_attn_decode_combine; do
+        if late; then log "skipped (deadline): ncu $kern"; continue; fi
+        log "6. ncu of $kern, 8B q4_0/q4_0 at 32K, fused"
+        LLAMA_VQ_CUDA_FUSED_ATTN=1 timeout 200 ncu --clock-control none -k "$kern" --launch-skip 40 --launch-count 1 \
+            --set full "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa 0 -p 0 -n 3 -d 32768 -b 4096 -ub 4096 \
+            -r 1 --no-warmup -ctk q4_0 -ctv q4_0 > "$OUT/ncu-$kern.txt" 2>&1
+        grep -E "^ +(Duration|Elapsed Cycles|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit|Warp Cycles Per Issued Instruction|No Eligible|Eligible Warps Per Scheduler|L1/TEX Hit Rate|L2 Hit Rate|Mem Busy|Max Bandwidth)" \
+            "$OUT/ncu-$kern.txt" | head -30 | sed "s/^/$kern /" | tee -a "$txt"
+    done
 fi
 log done
