@@ -42,6 +42,20 @@ if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/test-backend-ops" ] || [ ! -x "$b
 fi
 log built
 
+# ratios FILE [PREFIX]: FILE's "LABEL K V depth t/s std" lines as ratios to the f16 row of the same depth, shown and
+# appended to the summary (each line led by PREFIX)
+ratios() {
+    python3 - "$1" "${2:-}" <<'EOF' | tee -a "$txt"
+import sys
+pre = (sys.argv[2] + " ") if sys.argv[2] else ""
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+base = {r[3]: float(r[4]) for r in rows if r[0] == "f16"}
+print(pre + "label depth t/s ratio_to_f16")
+for r in rows:
+    if r[0] != "f16" and r[3] in base:
+        print(pre + " ".join((r[0], r[3], r[4], "%.3f" % (float(r[4]) / base[r[3]]))))
+EOF
+}
 # attn_ran LOG: the fused attention's counts that 0023 prints at exit ("attention fusions run: attn=N rotated=N")
 attn_counts() { grep -o "attention fusions run: .*" "$1" | tail -1; }
 # passed LOG: test-backend-ops' "N/M tests passed" line of LOG and its count of FAIL lines
@@ -111,15 +125,7 @@ fi
 [ "${SEPARATE:-1}" = 0 ] || bench q4_0-unfused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 bench q8_0 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
 [ "${SEPARATE:-1}" = 0 ] || bench q8_0-unfused q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
-python3 - "$OUT/bench.txt" <<'EOF' | tee -a "$txt"
-import sys
-rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-base = {r[3]: float(r[4]) for r in rows if r[0] == "f16"}
-print("label depth t/s ratio_to_f16")
-for r in rows:
-    if r[0] != "f16" and r[3] in base:
-        print(r[0], r[3], r[4], "%.3f" % (float(r[4]) / base[r[3]]))
-EOF
+ratios "$OUT/bench.txt"
 fi
 if [ -n "${MIMO:-}" ] && ! late; then
     log "7. MiMo shape, FA off, tg128 at 0/32K/64K: f16, q8_0/q4_1 fused and separate, q4_0 fused"
@@ -132,15 +138,7 @@ if [ -n "${MIMO:-}" ] && ! late; then
         # shellcheck disable=SC2086
         bench_tg "$OUT/mimo.txt" "$mm" "-n 128 -d 0,32768,65536 -r 1" $cfg
     done
-    python3 - "$OUT/mimo.txt" <<'EOF' | tee -a "$txt"
-import sys
-rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-base = {r[3]: float(r[4]) for r in rows if r[0] == "f16"}
-print("mimo label depth t/s ratio_to_f16")
-for r in rows:
-    if r[0] != "f16" and r[3] in base:
-        print("mimo", r[0], r[3], r[4], "%.3f" % (float(r[4]) / base[r[3]]))
-EOF
+    ratios "$OUT/mimo.txt" mimo
 fi
 
 if [ "${KL_CHUNKS:-4}" = 0 ]; then log "KL skipped (KL_CHUNKS=0)"; elif late; then log "skipped (deadline): KL"; else
