@@ -22,8 +22,11 @@
 # There:  OUT=<results folder> bash benchmarks/fused_attn_check.sh
 # Env: DEADLINE (seconds from the start after which no benchmark starts; default 540), REPS (default 2), FAST=1 (skip
 # steps 2c and 3: the separate ops' tests and timings), KL_CHUNKS (512-token chunks of step 5, default 4; 0 skips
-# it; FA_CPU=1 adds FA-on rows: this build has no CUDA FA kernels, so the scheduler runs FLASH_ATTN_EXT on the CPU
-# backend, 16 threads, the rest of the model on the GPU; PROD=1 adds q8_0 K / q4_1 V rows), NCU=1 (step 6),
+# it; FA_ON=1 (or FA_CPU=1) adds FA-on rows, f16 first (decision 8's FA on/off floor): with CUDA_FA=on the tools are
+# built with CUDA's FA kernels (in their own folder) and FA runs there, else the scheduler runs FLASH_ATTN_EXT on the
+# CPU backend, 16 threads, the rest of the model on the GPU (mixed K/V types, q8_0 K / q4_1 V, have CUDA FA kernels
+# only with GGML_CUDA_FA_ALL_QUANTS, which this build does not set: that row's FA runs on the CPU either way);
+# PROD=1 adds q8_0 K / q4_1 V rows), NCU=1 (step 6),
 # SEPARATE=0, AB=1 and BENCH=0 (step 4: BENCH=0 skips it), MIMO=1 (step 7; its model is generated in the background
 # from the start, also with MIMO_GEN=1 alone, so that a later call on the same machine finds it).
 set -u
@@ -34,12 +37,14 @@ log() { echo "[fattn $(( $(date +%s) - t0 ))s] $*" | tee -a "$txt"; }
 late() { [ $(( $(date +%s) - t0 )) -gt "${DEADLINE:-540}" ]; }
 gen llama8b llama --preset llama-3.1-8b
 if [ -n "${MIMO:-}${MIMO_GEN:-}" ]; then gen mimo mimo --preset attn; fi
-B=/tmp/fattn-build
+FA=${CUDA_FA:-off}
+B=/tmp/fattn-build$([ "$FA" = on ] && echo -fa)
 bin=$B/build/bin
 if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/test-backend-ops" ] || [ ! -x "$bin/llama-perplexity" ]; then
-    log "1. build (FA kernels off)"
-    build_tools "$B" off llama-bench,test-backend-ops,llama-perplexity
+    log "1. build (FA kernels $FA)"
+    build_tools "$B" "$FA" llama-bench,test-backend-ops,llama-perplexity
 fi
+fa_where=$([ "$FA" = on ] && echo cuda || echo cpu)
 log built
 
 # ratios FILE [PREFIX]: FILE's "LABEL K V depth t/s std" lines as ratios to the f16 row of the same depth, shown and
@@ -153,29 +158,30 @@ ppl() { # label [ENV=VALUE ...] -- args...: with 8-token batches, and 0023's fus
         --kl-divergence-base /tmp/kld-base || return
     echo "$1: $(attn_counts "$OUT/ppl-$1.log")" | tee -a "$txt"
 }
-# FA on with the same cache types (issue 12's fidelity bound, FA_CPU=1): FLASH_ATTN_EXT on the CPU backend (this build
-# has no CUDA FA kernels), 512-token batches (FA's result does not depend on the batching)
+# FA on with the same cache types (issue 12's fidelity bound, FA_ON=1): FLASH_ATTN_EXT on CUDA (CUDA_FA=on) or on the
+# CPU backend, 512-token batches (FA's result does not depend on the batching)
 pplfa() {
-    [ -n "${FA_CPU:-}" ] || return 0
+    [ -n "${FA_ON:-}${FA_CPU:-}" ] || return 0
     if late; then log "skipped (deadline): $1"; return; fi
     ppl_kl "$txt" "$1" -- -fa on -b 512 -ub 512 -t 16 -ngl 99 --chunks "${KL_CHUNKS:-4}" \
         --kl-divergence-base /tmp/kld-base --kl-divergence "${@:2}"
 }
 ppl base --
+pplfa f16-fa-on-$fa_where
 [ "${SEPARATE:-1}" = 0 ] || ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence
 ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence
-pplfa q4_0-fa-on-cpu -ctk q4_0 -ctv q4_0
+pplfa q4_0-fa-on-$fa_where -ctk q4_0 -ctv q4_0
 # how far a change of V*P's precision alone moves this model's q4_0 KL (the separate ops, V*P on the TF32 GEMM)
 [ -n "${FAST:-}" ] || ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- \
     -ctk q4_0 -ctv q4_0 --kl-divergence
 # q8_0 adds little error of its own: the clean view of what the fused path (its int8 queries) adds
 [ "${SEPARATE:-1}" = 0 ] || ppl q8_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q8_0 --kl-divergence
 ppl q8_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q8_0 --kl-divergence
-pplfa q8_0-fa-on-cpu -ctk q8_0 -ctv q8_0
+pplfa q8_0-fa-on-$fa_where -ctk q8_0 -ctv q8_0
 if [ -n "${PROD:-}" ]; then
     [ "${SEPARATE:-1}" = 0 ] || ppl q8_0-q4_1-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q4_1 --kl-divergence
     ppl q8_0-q4_1-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q4_1 --kl-divergence
-    pplfa q8_0-q4_1-fa-on-cpu -ctk q8_0 -ctv q4_1
+    pplfa q8_0-q4_1-fa-on-$fa_where -ctk q8_0 -ctv q4_1
 fi
 fi
 
