@@ -2,7 +2,7 @@
 # Issue 12 item 4 on a CUDA machine, one call (< 10 min): patch 0023, ggml-cuda's fused decode attention for a quantized
 # K/V cache with FA off (K*Q -> softmax -> V*P in one pass, flash-decoding splits + a combine kernel; off by default,
 # LLAMA_VQ_CUDA_FUSED_ATTN=1 turns it on), most important first:
-#   1. build llama-bench + test-backend-ops + llama-perplexity (FA kernels off)
+#   1. build llama-bench + test-backend-ops + llama-perplexity (FA kernels off; CUDA_FA=on: on)
 #   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
 #      kernel ran (plain and with the query rotation). On a failure the same cases run unfused as a control, and
 #      nothing is timed
@@ -12,10 +12,10 @@
 #   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and (unless
 #      SEPARATE=0) unfused, with the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); with AB=1 also
 #      q4_0 fused with one tile buffer (0036's pipeline off) and without the output tail (0037 off); ratios to f16/f16
-#   5. (time left) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate, separate with V*P
-#      on TF32 (how far precision alone moves it); q8_0/q8_0 fused and separate
+#   5. (time left; runs after 7) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate,
+#      separate with V*P on TF32 (how far precision alone moves it); q8_0/q8_0 fused and separate; FA on (FA_ON=1)
 #   6. (NCU=1) ncu's full set for one launch of the fused kernel and one of its combine at 32K
-#   7. (MIMO=1) the MiMo shape (tools/synth_models.py mimo --preset attn: GQA 16 full layers, GQA 8 sliding-window
+#   7. (MIMO=1; runs before 5) the MiMo shape (tools/synth_models.py mimo --preset attn: GQA 16 full layers, GQA 8 sliding-window
 #      layers, sinks), tg128 at 0/32K/64K, one repetition: f16/f16, the production types q8_0 K / q4_1 V fused and
 #      separate, q4_0/q4_0 fused; ratios to f16/f16
 # Here:   python3 benchmarks/carry.py .bench-carry --tokenizer-from <SmolLM2 GGUF>
