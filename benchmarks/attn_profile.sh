@@ -43,18 +43,11 @@ timeline() {
         -p 0 -n 3 -d "$d" -b 4096 -ub 4096 -r 1 --no-warmup -ctk "$k" -ctv "$v" > "$W/tl-$label.out" 2>&1
     echo "$label: rc $?, $(grep -c '^"[0-9]' "$W/tl-$label.csv" 2>/dev/null) launches profiled" | tee -a "$txt"
 }
-# full LABEL KERNEL SKIP DEPTH: ncu's full set for launch SKIP+1 of KERNEL (q4_0/q4_0, fused) in a decode at DEPTH
+# full LABEL KERNEL SKIP DEPTH: ncu_full (device_common.sh) into $W/full-LABEL.*
 full() {
-    local label=$1 kern=$2 skip=$3 d=$4
-    if late "${DEADLINE:-500}"; then log "skipped (deadline): full $label"; return; fi
-    log "full $label"
-    LLAMA_VQ_CUDA_FUSED_ATTN=1 timeout 200 ncu --clock-control none --set full --import-source no -k "$kern" \
-        --launch-skip "$skip" --launch-count 1 -o "$W/full-$label" "$bin/llama-bench" -m "$M/synth-llama8b.gguf" \
-        -ngl 99 -fa 0 -p 0 -n 3 -d "$d" -b 4096 -ub 4096 -r 1 --no-warmup -ctk q4_0 -ctv q4_0 > "$W/full-$label.out" 2>&1
-    echo "$label: rc $?" | tee -a "$txt"
-    ncu -i "$W/full-$label.ncu-rep" --print-details all > "$W/full-$label.txt" 2>&1
-    grep -E "^ +(Duration|Elapsed Cycles|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit|Warp Cycles Per Issued Instruction|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|L1/TEX Hit Rate|L2 Hit Rate|Mem Busy|Max Bandwidth|Executed Instructions  )" \
-        "$W/full-$label.txt" | head -40 | sed "s/^/$label /" | tee -a "$txt"
+    if late "${DEADLINE:-500}"; then log "skipped (deadline): full $1"; return; fi
+    log "full $1"
+    ncu_full "$txt" "$W/full-$1" "$2" "$3" "$4"
 }
 
 for st in ${STEPS:-3a 4a 3b 4b 3c 3d}; do

@@ -58,6 +58,21 @@ for l in sys.stdin:
         | tee -a "$txt"
 }
 
+# ncu_full TXT REPORT KERNEL SKIP DEPTH: ncu's full set for launch SKIP+1 of KERNEL in the 8B shape's decode at DEPTH
+# (q4_0/q4_0, the fused attention on; the depth's prefill in ubatches of 4096 and no warmup come first, with no fused
+# launch): REPORT.ncu-rep, its details in REPORT.txt, and the lines that say what bounds the kernel appended to TXT
+# (prefixed KERNEL); $bin is the tools folder. ncu reads the counters on these machines with --clock-control none.
+ncu_full() {
+    local txt=$1 rep=$2 kern=$3 skip=$4 d=$5
+    LLAMA_VQ_CUDA_FUSED_ATTN=1 timeout 200 ncu --clock-control none --set full --import-source no -k "$kern" \
+        --launch-skip "$skip" --launch-count 1 -o "$rep" "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa 0 \
+        -p 0 -n 3 -d "$d" -b 4096 -ub 4096 -r 1 --no-warmup -ctk q4_0 -ctv q4_0 > "$rep.out" 2>&1
+    echo "$kern: ncu rc $?" | tee -a "$txt"
+    ncu -i "$rep.ncu-rep" --print-details all > "$rep.txt" 2>&1
+    grep -E "^ +(Duration|Elapsed Cycles|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit|Warp Cycles Per Issued Instruction|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|L1/TEX Hit Rate|L2 Hit Rate|Mem Busy|Max Bandwidth|Executed Instructions  )" \
+        "$rep.txt" | head -40 | sed "s/^/$kern /" | tee -a "$txt"
+}
+
 # fusion_ran LOG OP: whether the test-backend-ops run logged in LOG (with LLAMA_VQ_CUDA_FUSION_STATS=1) ran
 # OP's rotation fusion at least once (patch 0031 prints the counts at exit); a test that passed without the
 # fused kernel proves nothing about it. OPs without a fusion count as ran.

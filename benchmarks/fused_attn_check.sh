@@ -187,17 +187,11 @@ fi
 
 
 if [ -n "${NCU:-}" ]; then
-    # where the fused kernel's time goes at 32K (issue- or stall-bound, and on what): one launch of a decode step,
-    # hardware counters (ncu works on these machines with --clock-control none)
-    # the depth's prefill in 8 ubatches of 4096 (no fused launch there), no warmup: launch 41 is token 2's layer 9
+    # where the fused kernel's time goes at 32K (issue- or stall-bound, and on what): launch 41 is token 2's layer 9
     for kern in k_attn_decode k_attn_decode_combine; do
         if late; then log "skipped (deadline): ncu $kern"; continue; fi
         log "6. ncu of $kern, 8B q4_0/q4_0 at 32K, fused"
-        LLAMA_VQ_CUDA_FUSED_ATTN=1 timeout 200 ncu --clock-control none -k "$kern" --launch-skip 40 --launch-count 1 \
-            --set full "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa 0 -p 0 -n 3 -d 32768 -b 4096 -ub 4096 \
-            -r 1 --no-warmup -ctk q4_0 -ctv q4_0 > "$OUT/ncu-$kern.txt" 2>&1
-        grep -E "^ +(Duration|Elapsed Cycles|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit|Warp Cycles Per Issued Instruction|No Eligible|Eligible Warps Per Scheduler|L1/TEX Hit Rate|L2 Hit Rate|Mem Busy|Max Bandwidth)" \
-            "$OUT/ncu-$kern.txt" | head -30 | sed "s/^/$kern /" | tee -a "$txt"
+        ncu_full "$txt" "$OUT/ncu-$kern" "$kern" 40 32768
     done
 fi
 log done
