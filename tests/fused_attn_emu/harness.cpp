@@ -261,6 +261,77 @@ struct attn_case {
 
 static const char * tname(ggml_type t) { return t == GGML_TYPE_Q4_0 ? "q4_0" : t == GGML_TYPE_Q4_1 ? "q4_1" : "q8_0"; }
 
+// the queries as the kernel's K*Q sees them, in float64: rotated (scaled, then the butterflies in the kernel's order,
+// in float32: the same floats), then int8 per 32 values (d = amax/127, q = round(x/d), float32 as the kernel and
+// ggml's q8_0): the quantized queries are a choice of the kernel (0034), the reference then checks everything else
+// exactly
+static std::vector<double> reference_queries(const attn_case & c, const std::vector<float> & q) {
+    std::vector<float> qf(q.begin(), q.end());
+    if (c.n_rot > 0) {
+        const float ys = rsqrtf((float) c.n_rot);
+        for (auto & x : qf) x *= ys;
+        for (size_t s0 = 0; s0 < qf.size(); s0 += c.n_rot) {
+            for (int hh = 1; hh < c.n_rot; hh *= 2) {
+                for (int pr = 0; pr < c.n_rot/2; ++pr) {
+                    const int i = (pr/hh)*(2*hh) + pr%hh;
+                    const float a = qf[s0 + i], b = qf[s0 + i + hh];
+                    qf[s0 + i] = a + b;
+                    qf[s0 + i + hh] = a - b;
+                }
+            }
+        }
+    }
+    std::vector<double> qd(qf.size());
+    for (size_t b0 = 0; b0 < qf.size(); b0 += 32) {
+        float amax = 0.0f;
+        for (int l = 0; l < 32; ++l) amax = std::fmax(amax, std::fabs(qf[b0 + l]));
+        const float d  = amax/127.0f;
+        const float id = d != 0.0f ? 1.0f/d : 0.0f;
+        for (int l = 0; l < 32; ++l) qd[b0 + l] = (double) std::round(qf[b0 + l]*id) * (double) d;
+    }
+    return qd;
+}
+
+// float64 softmax(scale*K.Q + mask, sinks) V for query token t of head h in stream s, then V's inverse rotation
+// (c.out_rot > 0) as a matrix
+static std::vector<double> reference_row(const attn_case & c, const std::vector<double> & qd, const std::vector<float> & kd,
+        const std::vector<float> & vd, const std::vector<float> & mask, const std::vector<float> & sinks, const float scale,
+        const int kv_size, const int s, const int h, const int t) {
+    const int hk = h/(c.n_head/c.n_head_kv);
+    std::vector<double> sc(c.n_kv);
+    double mx = c.sinks ? sinks[h] : -INFINITY;
+    for (int k = 0; k < c.n_kv; ++k) {
+        const float * kr = kd.data() + (((size_t) s*kv_size + k)*c.n_head_kv + hk)*c.dk;
+        const double * qq = qd.data() + (((size_t) s*c.ntok + t)*c.n_head + h)*c.dk;
+        double d = 0;
+        for (int i = 0; i < c.dk; ++i) d += kr[i]*qq[i];
+        sc[k] = d*scale + mask[((size_t) s*c.ntok + t)*c.n_kv + k];
+        mx = std::max(mx, sc[k]);
+    }
+    double sum = c.sinks ? std::exp(sinks[h] - mx) : 0.0;
+    for (int k = 0; k < c.n_kv; ++k) { sc[k] = std::exp(sc[k] - mx); sum += sc[k]; }
+    std::vector<double> orow(c.dv);
+    for (int i = 0; i < c.dv; ++i) {
+        double o = 0;
+        for (int k = 0; k < c.n_kv; ++k) o += sc[k]*vd[(((size_t) s*kv_size + k)*c.n_head_kv + hk)*c.dv + i];
+        orow[i] = o/sum;
+    }
+    if (c.out_rot > 0) { // the inverse V rotation as a matrix: (H x)[r] = sum_j (-1)^popcount(r & j) x[j] / sqrt(n)
+        std::vector<double> rr(c.dv);
+        for (int s0 = 0; s0 < c.dv; s0 += c.out_rot) {
+            for (int r = 0; r < c.out_rot; ++r) {
+                double a = 0;
+                for (int j = 0; j < c.out_rot; ++j) {
+                    a += (__builtin_popcount((unsigned) (r & j)) % 2 ? -1.0 : 1.0)*orow[s0 + j];
+                }
+                rr[s0 + r] = a/std::sqrt((double) c.out_rot);
+            }
+        }
+        orow = rr;
+    }
+    return orow;
+}
+
 static bool run_case(const attn_case & c, int seed) {
     std::mt19937 g(seed);
     const int kv_size = c.n_kv + 3;
@@ -374,69 +445,12 @@ static bool run_case(const attn_case & c, int seed) {
         });
     }
 
-    // float64 reference of softmax(scale*K.Q + mask, sinks) V with the queries as the kernel's K*Q sees them: rotated
-    // (scaled, then the butterflies in the kernel's order, in float32: the same floats), then int8 per 32 values
-    // (d = amax/127, q = round(x/d), float32 as the kernel and ggml's q8_0): the quantized queries are a choice of the
-    // kernel (0034), the reference then checks everything else exactly
-    std::vector<float> qf(q.begin(), q.end());
-    if (c.n_rot > 0) {
-        const float ys = rsqrtf((float) c.n_rot);
-        for (auto & x : qf) x *= ys;
-        for (size_t s0 = 0; s0 < qf.size(); s0 += c.n_rot) {
-            for (int hh = 1; hh < c.n_rot; hh *= 2) {
-                for (int pr = 0; pr < c.n_rot/2; ++pr) {
-                    const int i = (pr/hh)*(2*hh) + pr%hh;
-                    const float a = qf[s0 + i], b = qf[s0 + i + hh];
-                    qf[s0 + i] = a + b;
-                    qf[s0 + i + hh] = a - b;
-                }
-            }
-        }
-    }
-    std::vector<double> qd(qf.size());
-    for (size_t b0 = 0; b0 < qf.size(); b0 += 32) {
-        float amax = 0.0f;
-        for (int l = 0; l < 32; ++l) amax = std::fmax(amax, std::fabs(qf[b0 + l]));
-        const float d  = amax/127.0f;
-        const float id = d != 0.0f ? 1.0f/d : 0.0f;
-        for (int l = 0; l < 32; ++l) qd[b0 + l] = (double) std::round(qf[b0 + l]*id) * (double) d;
-    }
-    const int gqa = c.n_head/c.n_head_kv;
+    // float64 reference (reference_queries, reference_row)
+    const std::vector<double> qd = reference_queries(c, q);
     double num = 0, den = 0;
     bool finite = true;
     for (int s = 0; s < c.n_stream; ++s) for (int h = 0; h < c.n_head; ++h) for (int t = 0; t < c.ntok; ++t) {
-        const int hk = h/gqa;
-        std::vector<double> sc(c.n_kv);
-        double mx = c.sinks ? sinks[h] : -INFINITY;
-        for (int k = 0; k < c.n_kv; ++k) {
-            const float * kr = kd.data() + (((size_t) s*kv_size + k)*c.n_head_kv + hk)*c.dk;
-            const double * qq = qd.data() + (((size_t) s*c.ntok + t)*c.n_head + h)*c.dk;
-            double d = 0;
-            for (int i = 0; i < c.dk; ++i) d += kr[i]*qq[i];
-            sc[k] = d*scale + mask[((size_t) s*c.ntok + t)*c.n_kv + k];
-            mx = std::max(mx, sc[k]);
-        }
-        double sum = c.sinks ? std::exp(sinks[h] - mx) : 0.0;
-        for (int k = 0; k < c.n_kv; ++k) { sc[k] = std::exp(sc[k] - mx); sum += sc[k]; }
-        std::vector<double> orow(c.dv);
-        for (int i = 0; i < c.dv; ++i) {
-            double o = 0;
-            for (int k = 0; k < c.n_kv; ++k) o += sc[k]*vd[(((size_t) s*kv_size + k)*c.n_head_kv + hk)*c.dv + i];
-            orow[i] = o/sum;
-        }
-        if (c.out_rot > 0) { // the inverse V rotation as a matrix: (H x)[r] = sum_j (-1)^popcount(r & j) x[j] / sqrt(n)
-            std::vector<double> rr(c.dv);
-            for (int s0 = 0; s0 < c.dv; s0 += c.out_rot) {
-                for (int r = 0; r < c.out_rot; ++r) {
-                    double a = 0;
-                    for (int j = 0; j < c.out_rot; ++j) {
-                        a += (__builtin_popcount((unsigned) (r & j)) % 2 ? -1.0 : 1.0)*orow[s0 + j];
-                    }
-                    rr[s0 + r] = a/std::sqrt((double) c.out_rot);
-                }
-            }
-            orow = rr;
-        }
+        const std::vector<double> orow = reference_row(c, qd, kd, vd, mask, sinks, scale, kv_size, s, h, t);
         for (int i = 0; i < c.dv; ++i) {
             const double o = orow[i];
             const size_t di = c.tail ? (((size_t) s*c.ntok + t)*c.n_head + h)*c.dv + i
