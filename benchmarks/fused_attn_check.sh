@@ -4,14 +4,16 @@
 # LLAMA_VQ_CUDA_FUSED_ATTN=1 turns it on), most important first:
 #   1. build llama-bench + test-backend-ops + llama-perplexity (FA kernels off; CUDA_FA=on: on)
 #   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
-#      kernel ran (plain and with the query rotation). On a failure the same cases run unfused as a control, and
-#      nothing is timed
+#      kernel ran (plain and with the query rotation, the tails, and 0040's tensor-core V*P); then the same with
+#      0040 off (LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0: the f32 V*P). On a failure the same cases run unfused as a control,
+#      and nothing is timed
 #   2c. (unless FAST=1) OUT_PROD and ATTN_DECODE_FUSED with the separate ops against the CPU
 #   3. (unless FAST=1) V*P op timings with the separate ops (test-backend-ops perf repeats only a graph's last node,
 #      so it cannot time the fused chain; end to end does, step 4)
 #   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and (unless
 #      SEPARATE=0) unfused, with the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); with AB=1 also
-#      q4_0 fused with one tile buffer (0036's pipeline off) and without the output tail (0037 off); ratios to f16/f16
+#      q4_0 and q8_0 fused with 0040 off (the f32 V*P), with AB=2 q4_0 with one tile buffer (0036's pipeline off) and
+#      without the output tail (0037 off); ratios to f16/f16
 #   5. (time left; runs after 7) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate,
 #      separate with V*P on TF32 (how far precision alone moves it); q8_0/q8_0 fused and separate; FA on (FA_ON=1)
 #   6. (NCU=1) ncu's full set for one launch of the fused kernel and one of its combine at 32K
@@ -27,8 +29,10 @@
 # CPU backend, 16 threads, the rest of the model on the GPU (mixed K/V types, q8_0 K / q4_1 V, have CUDA FA kernels
 # only with GGML_CUDA_FA_ALL_QUANTS, which this build does not set: that row's FA runs on the CPU either way);
 # PROD=1 adds q8_0 K / q4_1 V rows), NCU=1 (step 6),
-# SEPARATE=0, AB=1 and BENCH=0 (step 4: BENCH=0 skips it), MIMO=1 (step 7; its model is generated in the background
-# from the start, also with MIMO_GEN=1 alone, so that a later call on the same machine finds it).
+# TESTS=0 (skip step 2: only where an earlier call on the same machine passed it), SEPARATE=0, AB=1 or 2,
+# BPSM_AB="N ..." (q4_0 fused with the splits aimed at N blocks per SM), MT_AB="N ..." (and with at least N tiles per
+# split) and BENCH=0 (step 4: BENCH=0 skips it), MIMO=1 (step 7; its model is generated in the background from the
+# start, also with MIMO_GEN=1 alone, so that a later call on the same machine finds it).
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 t0=$(date +%s)
@@ -66,6 +70,10 @@ attn_counts() { grep -o "attention fusions run: .*" "$1" | tail -1; }
 # passed LOG: test-backend-ops' "N/M tests passed" line of LOG and its count of FAIL lines
 passed() { echo "$(grep -E 'tests passed' "$1" | tail -1) $(grep -c FAIL "$1") FAIL"; }
 
+if [ "${TESTS:-1}" = 0 ]; then
+    # only for a second call on a machine whose earlier call built these tools and passed step 2
+    log "2. skipped (TESTS=0)"
+else
 log "2. test-backend-ops ATTN_DECODE_FUSED against the CPU (fused: the default)"
 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-fused.log" 2>&1
 rc=$?
@@ -77,9 +85,17 @@ plain=$(echo "$counts" | sed -n 's/.*attn=\([0-9]*\).*/\1/p')
 rot=$(echo "$counts" | sed -n 's/.* rotated=\([0-9]*\).*/\1/p')
 tail_=$(echo "$counts" | sed -n 's/.* tail=\([0-9]*\).*/\1/p')
 tailr=$(echo "$counts" | sed -n 's/.* tail_rotated=\([0-9]*\).*/\1/p')
-if [ "${plain:-0}" -eq 0 ] || [ "${rot:-0}" -eq 0 ] || [ "${tail_:-0}" -eq 0 ] || [ "${tailr:-0}" -eq 0 ]; then
-    log "FAILED: the fused kernel never ran in some form (plain ${plain:-?}, rotated ${rot:-?}, tail ${tail_:-?}, tail rotated ${tailr:-?})"
+mma=$(echo "$counts" | sed -n 's/.* mma=\([0-9]*\).*/\1/p')
+if [ "${plain:-0}" -eq 0 ] || [ "${rot:-0}" -eq 0 ] || [ "${tail_:-0}" -eq 0 ] || [ "${tailr:-0}" -eq 0 ] || [ "${mma:-0}" -eq 0 ]; then
+    log "FAILED: the fused kernel never ran in some form (plain ${plain:-?}, rotated ${rot:-?}, tail ${tail_:-?}, tail rotated ${tailr:-?}, mma ${mma:-?})"
     rc=1
+fi
+if [ "$rc" = 0 ]; then
+    log "2b. the same with 0040 off (LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0: the f32 V*P)"
+    LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 \
+        -o ATTN_DECODE_FUSED > "$OUT/tbo-fused-f32.log" 2>&1 || rc=1
+    echo "fused, f32 V*P: $(passed "$OUT/tbo-fused-f32.log"), $(attn_counts "$OUT/tbo-fused-f32.log")" | tee -a "$txt"
+    grep -E "FAIL" "$OUT/tbo-fused-f32.log" | head -10 | tee -a "$txt"
 fi
 if [ "$rc" != 0 ]; then
     log "control: the same cases unfused (LLAMA_VQ_CUDA_FUSED_ATTN=0)"
@@ -89,6 +105,7 @@ if [ "$rc" != 0 ]; then
     grep -E "FAIL" "$OUT/tbo-unfused.log" | head -5 | tee -a "$txt"
     log "test-backend-ops failed: nothing timed"
     exit 1
+fi
 fi
 
 if [ -z "${FAST:-}" ]; then
@@ -123,12 +140,21 @@ for l in sys.stdin:
 log "4. 8B decode (tg128 at 0/8K/32K, FA off): f16, q4_0 and q8_0 fused (default) and unfused"
 bench f16 f16 f16
 bench q4_0 q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
-if [ -n "${AB:-}" ]; then
+if [ "${AB:-}" = 1 ]; then
+    bench q4_0-f32vp q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0
+elif [ "${AB:-}" = 2 ]; then
     bench q4_0-1buf q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_NBUF=1
     bench q4_0-notail q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_TAIL=0
 fi
 [ "${SEPARATE:-1}" = 0 ] || bench q4_0-unfused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 bench q8_0 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
+[ "${AB:-}" != 1 ] || bench q8_0-f32vp q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0
+for n in ${BPSM_AB:-}; do
+    bench "q4_0-bpsm$n" q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_BPSM="$n"
+done
+for n in ${MT_AB:-}; do
+    bench "q4_0-mt$n" q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MIN_TILES="$n"
+done
 [ "${SEPARATE:-1}" = 0 ] || bench q8_0-unfused q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 ratios "$OUT/bench.txt"
 fi
@@ -170,6 +196,9 @@ ppl base --
 pplfa f16-fa-on-$fa_where
 [ "${SEPARATE:-1}" = 0 ] || ppl q4_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q4_0 -ctv q4_0 --kl-divergence
 ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence
+# 0040's f16 V and P against the f32 V*P (AB=1)
+[ "${AB:-}" != 1 ] || ppl q4_0-fused-f32vp LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 -- -ctk q4_0 -ctv q4_0 \
+    --kl-divergence
 pplfa q4_0-fa-on-$fa_where -ctk q4_0 -ctv q4_0
 # how far a change of V*P's precision alone moves this model's q4_0 KL (the separate ops, V*P on the TF32 GEMM)
 [ -n "${FAST:-}" ] || ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- \

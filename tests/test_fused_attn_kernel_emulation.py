@@ -1,6 +1,6 @@
 """Patch 0023's CUDA kernels (k_attn_decode, k_attn_decode_combine; 0032's staged tiles, 0034's int8 K*Q, 0036's two
-tile buffers and parallel combine, 0037's permuted and rotated output, 0038's host-planned staging) run on the CPU,
-verbatim.
+tile buffers and parallel combine, 0037's permuted and rotated output, 0038's host-planned staging, 0040's V*P on
+tensor cores) run on the CPU, verbatim.
 
 tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu as the series leaves it: 0023
 creates it, later patches change it; cut out of those patches' diffs with `git apply`), a CUDA surface made of
@@ -9,14 +9,17 @@ two barriers of the warp's 32 threads (so a shuffle that some lane of a warp doe
 catches it), shared memory a buffer of exactly the launch's size filled with NaN (AddressSanitizer catches any access
 past it, and any read of a slot nothing wrote reaches the output as NaN); without cp.async, the tiles are staged by the
 kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS (the code NVIDIA's cp.async pipeline
-runs), into two. Each case (8B shape, MiMo's K 192 at GQA 8/16, d 32 to 256, 1-64 columns, 1 to 16 tiles per split,
-several splits, 2 streams, f16/f32 mask, sinks, rotated queries, 2- to 16-byte staging units, one or two buffers, the
-output as OUT_PROD leaves it or permuted and contiguous, with V's inverse rotation of 64 or 128 or without) is
-compared with a float64 reference on the same quantized blocks, decoded independently of the kernel's dequantizer,
-with the queries int8 per 32 values as the kernel's K*Q takes them (quantized in float32 the same way). Not covered:
-anything that differs between this emulation and a GPU (cp.async, memory model beyond barriers, 64-wide wavefronts,
-the real dequantize_x8 header), and the graph matching in ggml-cuda.cu. CPU: one g++ compile (~30 s) and ~2 min of
-runs.
+runs), into two. 0040's two warp-wide matrix instructions (mma.sync m16n8k16 and ldmatrix .trans) are exchanges between
+two barriers of the warp's 32 threads too, each lane's fragments laid out as the PTX ISA gives them, and its f16
+arithmetic rounds each result once (to nearest even). Each case (8B shape, MiMo's K 192 at GQA 8/16, d 32 to 256,
+1-64 columns, 1 to 16 tiles per split, several splits, 2 streams, f16/f32 mask, sinks, rotated queries, 2- to 16-byte
+staging units, one or two buffers, the output as OUT_PROD leaves it or permuted and contiguous, with V's inverse
+rotation of 64 or 128 or without; f32 or tensor-core V*P) is compared with a float64 reference on the same quantized
+blocks, decoded independently of the kernel's dequantizer, with the queries int8 per 32 values as the kernel's K*Q
+takes them (quantized in float32 the same way); NMSE below 1e-9 (f32 V*P) or 1e-6 (V and P in f16). Not covered:
+anything that differs between this emulation and a GPU (cp.async, the tensor cores' own accumulation order, memory
+model beyond barriers, 64-wide wavefronts, the real dequantize_x8 header), and the graph matching in ggml-cuda.cu.
+CPU: one g++ compile (~60 s) and ~3 min of runs.
 """
 
 from __future__ import annotations
@@ -85,3 +88,5 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(tmp_path):
     print(run.stdout)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "all passed" in run.stdout
+    # both V*P forms ran: the f32 one (every shape) and 0040's tensor-core one (d_v 128)
+    assert run.stdout.count(" vmma=0:") >= 20 and run.stdout.count(" vmma=1:") >= 10, run.stdout

@@ -1,4 +1,4 @@
-// Runs the CUDA kernels of patches 0023 + 0032-0038 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
+// Runs the CUDA kernels of patches 0023 + 0032-0040 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU: every
 // block's 128 threads are std::threads, __syncthreads() a block barrier, and a warp shuffle an exchange through memory
 // between two barriers of the warp's 32 threads (a shuffle that not every lane of the warp reaches deadlocks here, as
 // it is undefined on the GPU). Shared memory is a heap buffer of exactly the launch's size, filled with NaN before each
@@ -6,6 +6,8 @@
 // patch (KERNEL_INC, cut out by tests/test_fused_attn_kernel_emulation.py); the launch configuration (splits, chunk
 // width, shared memory size) is the host code's, restated below. Each case is compared with a float64
 // softmax(scale*K.Q + mask, sinks) V on the same quantized blocks, decoded here independently of dequantize_x8.
+// 0040's tensor-core V*P (mma.sync, ldmatrix) runs on an emulation of the two instructions (below); its cases are held
+// to an NMSE bound of their own, since V and P are rounded to f16 there.
 //
 //   harness            runs the built-in cases, one line each, exit status 1 if any fails
 #include <algorithm>
@@ -116,6 +118,104 @@ static inline float warp_reduce_max(float x) {
         x = std::fmax(x, __shfl_xor_sync(0xffffffff, x, offset, width));
     }
     return x;
+}
+
+// ---- f16 arithmetic, byte permutes and the two warp-wide matrix instructions of 0040's tensor-core V*P ----
+// a double rounded to the nearest f16 (ties to even; subnormals; inf past the largest finite value)
+static uint16_t fp64_to_fp16(const double v) {
+    if (std::isnan(v)) {
+        return 0x7E00;
+    }
+    const uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+    const double a = std::fabs(v);
+    if (a == 0.0) {
+        return sign;
+    }
+    int e;
+    std::frexp(a, &e);                       // a = f * 2^e, f in [0.5, 1)
+    const int q = std::max(e - 11, -24);     // the f16 quantum at a's binade (subnormals: 2^-24)
+    const double r = std::ldexp(std::nearbyint(std::ldexp(a, -q)), q); // nearbyint: ties to even
+    if (r > 65504.0) {
+        return sign | 0x7C00;
+    }
+    if (r < std::ldexp(1.0, -14)) {
+        return sign | (uint16_t) std::ldexp(r, 24);
+    }
+    int e2;
+    const double f = std::frexp(r, &e2);
+    return sign | (uint16_t) ((e2 - 1 + 15) << 10) | (uint16_t) std::ldexp(2.0*f - 1.0, 10);
+}
+static inline half mkh(const double v) { return half{fp64_to_fp16(v)}; }
+static inline double hd(const half h) { return fp16_to_fp32(h.bits); }
+static inline half __float2half(const float f) { return mkh(f); }
+static inline half2 __float2half2_rn(const float f) { return {mkh(f), mkh(f)}; }
+static inline half2 __half2half2(const half h) { return {h, h}; }
+static inline half2 __low2half2(const half2 h) { return {h.x, h.x}; }
+static inline half2 __high2half2(const half2 h) { return {h.y, h.y}; }
+// one rounding per result, as the f16 units: the exact value (a double holds these products and sums) rounded
+static inline half2 __hsub2(const half2 a, const half2 b) { return {mkh(hd(a.x) - hd(b.x)), mkh(hd(a.y) - hd(b.y))}; }
+static inline half2 __hmul2(const half2 a, const half2 b) { return {mkh(hd(a.x)*hd(b.x)), mkh(hd(a.y)*hd(b.y))}; }
+static inline half2 __hfma2(const half2 a, const half2 b, const half2 c) {
+    return {mkh(hd(a.x)*hd(b.x) + hd(c.x)), mkh(hd(a.y)*hd(b.y) + hd(c.y))};
+}
+// result byte i = byte (s >> 4i) & 7 of the 8 bytes y:x
+static inline unsigned __byte_perm(const unsigned x, const unsigned y, const unsigned s) {
+    const uint64_t xy = (uint64_t) y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) {
+        r |= (unsigned) ((xy >> (8*((s >> (4*i)) & 7))) & 0xFF) << (8*i);
+    }
+    return r;
+}
+static inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+
+#define AD_EMULATE_MMA
+static unsigned      g_mma_a[128][4];
+static unsigned      g_mma_b[128][2];
+static const half *  g_ldsm[128];
+// mma.sync m16n8k16 row.col f32.f16.f16.f32 (PTX ISA's fragments; g = lane/4, t = lane%4): A's registers hold (row g,
+// k 2t..2t+1), (row g+8, the same), (row g, k 2t+8..2t+9), (row g+8, the same); B's (k 2t..2t+1, n g), (k 2t+8..,
+// n g); D's (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1). The products summed in double, then added to D in float.
+static void ad_mma_f16(float * d, const unsigned * a, const unsigned b0, const unsigned b1) {
+    const int tid  = (int) threadIdx.x;
+    const int lane = tid % 32;
+    const int base = tid - lane;
+    g_warp_bar[tid / 32]->arrive_and_wait();
+    for (int r = 0; r < 4; ++r) {
+        g_mma_a[tid][r] = a[r];
+    }
+    g_mma_b[tid][0] = b0;
+    g_mma_b[tid][1] = b1;
+    g_warp_bar[tid / 32]->arrive_and_wait();
+    auto h16 = [](const unsigned r, const int k) { return (double) fp16_to_fp32((uint16_t) (k % 2 ? r >> 16 : r & 0xFFFF)); };
+    auto A = [&](const int m, const int k) { return h16(g_mma_a[base + (m % 8)*4 + (k % 8)/2][(m >= 8) + 2*(k >= 8)], k); };
+    auto B = [&](const int k, const int n) { return h16(g_mma_b[base + n*4 + (k % 8)/2][k >= 8], k); };
+    const int g = lane / 4;
+    const int t = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+        const int m = g + 8*(e >> 1);
+        const int n = 2*t + (e & 1);
+        double acc = 0.0;
+        for (int k = 0; k < 16; ++k) {
+            acc += A(m, k)*B(k, n);
+        }
+        d[e] = (float) (d[e] + acc);
+    }
+}
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane 8i + r gives row r of matrix i; lane (g, t) receives, per
+// matrix, (row 2t, column g) in the low half and (row 2t + 1, column g) in the high half
+static void ad_ldsm_x4_trans(unsigned * a, const half * row) {
+    const int tid  = (int) threadIdx.x;
+    const int lane = tid % 32;
+    const int base = tid - lane;
+    g_warp_bar[tid / 32]->arrive_and_wait();
+    g_ldsm[tid] = row;
+    g_warp_bar[tid / 32]->arrive_and_wait();
+    const int g = lane / 4;
+    const int t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        a[i] = (unsigned) g_ldsm[base + 8*i + 2*t][g].bits | (unsigned) g_ldsm[base + 8*i + 2*t + 1][g].bits << 16;
+    }
 }
 
 // ---- ggml types and the x8 dequantizer (dequantize-x8.cuh, for the three types 0023 instantiates) ----
@@ -257,6 +357,7 @@ struct attn_case {
     int nbuf; // K and V tile buffers (0036): 2 as on NVIDIA sm_80+ (staged here by plain loads), 1 as on HIP
     bool tail = false; // 0037: the output permuted to [d_v, n_head, n_tokens, n_stream], contiguous
     int out_rot = 0;   // 0037: and every out_rot-segment of a row Hadamard-rotated (V's inverse rotation)
+    bool vmma = false; // 0040: V*P on (emulated) tensor cores, V and P rounded to f16 (d_v 128)
 };
 
 static const char * tname(ggml_type t) { return t == GGML_TYPE_Q4_0 ? "q4_0" : t == GGML_TYPE_Q4_1 ? "q4_1" : "q8_0"; }
@@ -412,7 +513,7 @@ static bool run_case(const attn_case & c, int seed) {
 
     const int cg = attn_decode_cg(p.ncols);
     p.nbuf = c.nbuf;
-    const size_t smem = attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf);
+    const size_t smem = attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf, c.vmma);
     std::unique_ptr<float[]>  part_o;
     std::unique_ptr<float2[]> part_ml;
     if (nsplit > 1) {
@@ -425,11 +526,19 @@ static bool run_case(const attn_case & c, int seed) {
     const bool f16 = c.mask_f16;
     auto kern = [&](auto tk, auto tv) {
         constexpr ggml_type TK = decltype(tk)::value, TV = decltype(tv)::value;
-        launch((unsigned) nsplit, (unsigned) (p.n_head_kv*p.ntiles), (unsigned) c.n_stream, AD_NT, smem, [&] {
-            if (cg == 1)      { if (f16) k_attn_decode<TK, TV, 1, half>(p); else k_attn_decode<TK, TV, 1, float>(p); }
-            else if (cg == 4) { if (f16) k_attn_decode<TK, TV, 4, half>(p); else k_attn_decode<TK, TV, 4, float>(p); }
-            else              { if (f16) k_attn_decode<TK, TV, 8, half>(p); else k_attn_decode<TK, TV, 8, float>(p); }
-        });
+        auto run = [&](auto vm) {
+            constexpr bool VM = decltype(vm)::value;
+            launch((unsigned) nsplit, (unsigned) (p.n_head_kv*p.ntiles), (unsigned) c.n_stream, AD_NT, smem, [&] {
+                if (cg == 1)      { if (f16) k_attn_decode<TK, TV, 1, half, VM>(p); else k_attn_decode<TK, TV, 1, float, VM>(p); }
+                else if (cg == 4) { if (f16) k_attn_decode<TK, TV, 4, half, VM>(p); else k_attn_decode<TK, TV, 4, float, VM>(p); }
+                else              { if (f16) k_attn_decode<TK, TV, 8, half, VM>(p); else k_attn_decode<TK, TV, 8, float, VM>(p); }
+            });
+        };
+        if (c.vmma) {
+            run(std::true_type{});
+        } else {
+            run(std::false_type{});
+        }
     };
     using q40 = std::integral_constant<ggml_type, GGML_TYPE_Q4_0>;
     using q41 = std::integral_constant<ggml_type, GGML_TYPE_Q4_1>;
@@ -462,10 +571,13 @@ static bool run_case(const attn_case & c, int seed) {
         }
     }
     const double nmse = num/den;
-    const bool ok = finite && nmse < 1e-9;
-    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
+    // f32 V*P: rounding only (<= 7e-14 seen); tensor-core V*P (0040): V and P rounded to f16 once each (relative
+    // 2^-11 at most), an error of its own kind, bounded separately
+    const bool ok = finite && nmse < (c.vmma ? 1e-6 : 1e-9);
+    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d vmma=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
            ok ? "OK  " : "FAIL", tname(c.tk), tname(c.tv), c.dk, c.dv, c.n_head, c.n_head_kv, c.n_kv, c.ntok, c.n_stream,
-           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, c.nbuf, (int) c.tail, c.out_rot, (int) nsplit, cg, p.uk, p.uv, nmse);
+           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, c.nbuf, (int) c.tail, c.out_rot, (int) c.vmma, (int) nsplit, cg,
+           p.uk, p.uv, nmse);
     return ok;
 }
 
@@ -495,6 +607,17 @@ int main() {
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 400, 2, 2, true,  false, 128,  16, 2, true,  64},
         {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 300, 2, 1, true,  false,  64,  16, 1, true, 128},
         {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 260, 3, 1, false, true,    0,   8, 2, true,   0},
+        // 0040: V*P on tensor cores (d_v 128): 1 to 32 columns (1 to 4 n-tiles), tiles of 1 to 64 cells, every V type
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,   1, 1, 1, false, false,   0, 132, 2, false,  0, true}, // 8B shape
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 127, 2, 1, true,  false,   0, 132, 2, false,  0, true},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 128, 128, 32, 8, 700, 1, 1, true,  false,   0,  16, 2, false,  0, true},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 600, 8, 1, false, false,   0,  16, 2, false,  0, true}, // 32 columns
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 900, 1, 1, true,  false,   0,  16, 2, false,  0, true}, // GQA 16
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 192, 128, 64, 8, 520, 8, 1, false, true,    0,  16, 1, false,  0, true}, // 64 columns
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128,  8, 8, 260, 1, 1, false, false,   0,   8, 2, false,  0, true}, // one column
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 400, 2, 2, true,  false, 128,  16, 2, true,  64, true}, // 2 streams, rotations
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 1000, 1, 1, true, false,   0,   1, 2, false,  0, true}, // one split of 16 tiles
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false, 128,   1, 2, true, 128, true}, // one split, 2 tiles
     };
     bool all = true;
     int seed = 1;
