@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 12 item 4 on a CUDA machine, one call (< 10 min): patch 0023, ggml-cuda's fused decode attention for a quantized
-# K/V cache with FA off (K*Q -> softmax -> V*P in one pass, flash-decoding splits + a combine kernel; off by default,
-# LLAMA_VQ_CUDA_FUSED_ATTN=1 turns it on), most important first:
+# K/V cache with FA off (K*Q -> softmax -> V*P in one pass, flash-decoding splits + a combine kernel; by default (0041)
+# only single-token decode with V*P on tensor cores; every row here sets LLAMA_VQ_CUDA_FUSED_ATTN=1 or =0 itself),
+# most important first:
 #   1. build llama-bench + test-backend-ops + llama-perplexity (FA kernels off; CUDA_FA=on: on)
 #   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
 #      kernel ran (plain and with the query rotation, the tails, and 0040's tensor-core V*P); then the same with
