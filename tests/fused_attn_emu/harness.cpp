@@ -92,16 +92,22 @@ static float g_xch[128];
 
 static inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 
+// the exchange every warp-wide instruction here is made of: each of the warp's 32 threads writes its value into
+// buf [128], and after the second barrier reads the warp's 32 values (returned: the warp's first slot); the next
+// exchange's first barrier keeps a thread's next write from overtaking another's read
+template <typename T>
+static const T * warp_exchange(T * buf, const T & v) {
+    const int t = (int) threadIdx.x;
+    g_warp_bar[t / 32]->arrive_and_wait();
+    buf[t] = v;
+    g_warp_bar[t / 32]->arrive_and_wait();
+    return buf + (t - t % 32);
+}
+
 static inline float __shfl_xor_sync(unsigned, float v, int offset, int width) {
-    const int t    = (int) threadIdx.x;
-    const int lane = t % 32;
-    const int base = t - lane;
-    g_warp_bar[t / 32]->arrive_and_wait();
-    g_xch[t] = v;
-    g_warp_bar[t / 32]->arrive_and_wait();
-    const int src = (lane & ~(width - 1)) | ((lane ^ offset) & (width - 1));
-    const float r = g_xch[base + src];
-    return r;
+    const int lane = (int) threadIdx.x % 32;
+    const int src  = (lane & ~(width - 1)) | ((lane ^ offset) & (width - 1));
+    return warp_exchange(g_xch, v)[src];
 }
 
 template <int width>
@@ -170,26 +176,18 @@ static inline unsigned __byte_perm(const unsigned x, const unsigned y, const uns
 static inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 
 #define AD_EMULATE_MMA
-static unsigned      g_mma_a[128][4];
-static unsigned      g_mma_b[128][2];
-static const half *  g_ldsm[128];
+struct mma_frag { unsigned a[4], b[2]; };
+static mma_frag     g_mma[128];
+static const half * g_ldsm[128];
 // mma.sync m16n8k16 row.col f32.f16.f16.f32 (PTX ISA's fragments; g = lane/4, t = lane%4): A's registers hold (row g,
 // k 2t..2t+1), (row g+8, the same), (row g, k 2t+8..2t+9), (row g+8, the same); B's (k 2t..2t+1, n g), (k 2t+8..,
 // n g); D's (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1). The products summed in double, then added to D in float.
 static void ad_mma_f16(float * d, const unsigned * a, const unsigned b0, const unsigned b1) {
-    const int tid  = (int) threadIdx.x;
-    const int lane = tid % 32;
-    const int base = tid - lane;
-    g_warp_bar[tid / 32]->arrive_and_wait();
-    for (int r = 0; r < 4; ++r) {
-        g_mma_a[tid][r] = a[r];
-    }
-    g_mma_b[tid][0] = b0;
-    g_mma_b[tid][1] = b1;
-    g_warp_bar[tid / 32]->arrive_and_wait();
+    const int lane = (int) threadIdx.x % 32;
+    const mma_frag * w = warp_exchange(g_mma, mma_frag{{a[0], a[1], a[2], a[3]}, {b0, b1}});
     auto h16 = [](const unsigned r, const int k) { return (double) fp16_to_fp32((uint16_t) (k % 2 ? r >> 16 : r & 0xFFFF)); };
-    auto A = [&](const int m, const int k) { return h16(g_mma_a[base + (m % 8)*4 + (k % 8)/2][(m >= 8) + 2*(k >= 8)], k); };
-    auto B = [&](const int k, const int n) { return h16(g_mma_b[base + n*4 + (k % 8)/2][k >= 8], k); };
+    auto A = [&](const int m, const int k) { return h16(w[(m % 8)*4 + (k % 8)/2].a[(m >= 8) + 2*(k >= 8)], k); };
+    auto B = [&](const int k, const int n) { return h16(w[n*4 + (k % 8)/2].b[k >= 8], k); };
     const int g = lane / 4;
     const int t = lane % 4;
     for (int e = 0; e < 4; ++e) {
@@ -205,16 +203,12 @@ static void ad_mma_f16(float * d, const unsigned * a, const unsigned b0, const u
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane 8i + r gives row r of matrix i; lane (g, t) receives, per
 // matrix, (row 2t, column g) in the low half and (row 2t + 1, column g) in the high half
 static void ad_ldsm_x4_trans(unsigned * a, const half * row) {
-    const int tid  = (int) threadIdx.x;
-    const int lane = tid % 32;
-    const int base = tid - lane;
-    g_warp_bar[tid / 32]->arrive_and_wait();
-    g_ldsm[tid] = row;
-    g_warp_bar[tid / 32]->arrive_and_wait();
+    const int lane = (int) threadIdx.x % 32;
+    const half * const * rows = warp_exchange(g_ldsm, row);
     const int g = lane / 4;
     const int t = lane % 4;
     for (int i = 0; i < 4; ++i) {
-        a[i] = (unsigned) g_ldsm[base + 8*i + 2*t][g].bits | (unsigned) g_ldsm[base + 8*i + 2*t + 1][g].bits << 16;
+        a[i] = (unsigned) rows[8*i + 2*t][g].bits | (unsigned) rows[8*i + 2*t + 1][g].bits << 16;
     }
 }
 
