@@ -3,7 +3,8 @@ tile buffers and parallel combine, 0037's permuted and rotated output, 0038's ho
 tensor cores) run on the CPU, verbatim.
 
 tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu as the series leaves it: 0023
-creates it, later patches change it; cut out of those patches' diffs with `git apply`), a CUDA surface made of
+creates it, later patches change it; cut out of those patches' diffs with `git apply`; with it the part file it
+includes, attn-decode-vmma.cuh, 0042), a CUDA surface made of
 std::threads: a block's 128 threads run concurrently, __syncthreads() is a barrier, a warp shuffle an exchange between
 two barriers of the warp's 32 threads (so a shuffle that some lane of a warp does not reach deadlocks: the timeout
 catches it), shared memory a buffer of exactly the launch's size filled with NaN (AddressSanitizer catches any access
@@ -35,25 +36,28 @@ ROOT = Path(__file__).resolve().parents[1]
 PATCHES = ROOT / "patches"
 HARNESS = ROOT / "tests" / "fused_attn_emu" / "harness.cpp"
 FILE = "ggml/src/ggml-cuda/attn-decode-fused.cu"
+# the tensor-core V*P's part of it (0040), which FILE includes inside the kernels' part
+PART = "ggml/src/ggml-cuda/attn-decode-vmma.cuh"
 
 
-def patched_file(tmp: Path) -> str:
-    """attn-decode-fused.cu as the series leaves it: every patch's hunks for that file, applied in series order."""
-    tree = tmp / "tree"
+def patched_file(tmp: Path, file: str = FILE, first: str = "0023-") -> str:
+    """`file` as the series leaves it: every patch's hunks for that file, applied in series order (the first such
+    patch is `first`)."""
+    tree = tmp / ("tree-" + Path(file).name)
     tree.mkdir()
     names = [n.strip() for n in (PATCHES / "series").read_text().splitlines() if n.strip() and not n.startswith("#")]
     used = []
     for name in names:
-        if f"+++ b/{FILE}" not in (PATCHES / name).read_text():
+        if f"+++ b/{file}" not in (PATCHES / name).read_text():
             continue
         # GIT_DIR points nowhere so that git apply never looks at an enclosing repository
         env = dict(os.environ, GIT_DIR=str(tree / ".no-git"), GIT_CEILING_DIRECTORIES=str(tmp))
-        proc = subprocess.run(["git", "apply", "-p1", f"--include={FILE}", str(PATCHES / name)], cwd=tree, env=env,
+        proc = subprocess.run(["git", "apply", "-p1", f"--include={file}", str(PATCHES / name)], cwd=tree, env=env,
                               capture_output=True, text=True)
         assert proc.returncode == 0, f"{name}: {proc.stderr}"
         used.append(name)
-    assert used and used[0].startswith("0023-"), used
-    return (tree / FILE).read_text()
+    assert used and used[0].startswith(first), used
+    return (tree / file).read_text()
 
 
 def kernel_source(tmp: Path) -> str:
@@ -78,6 +82,8 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(tmp_path):
         pytest.skip("no git (the series' hunks are applied with git apply)")
     inc = tmp_path / "kernel.inc"
     inc.write_text(kernel_source(tmp_path))
+    # kernel.inc's #include of the part resolves next to it
+    (tmp_path / Path(PART).name).write_text(patched_file(tmp_path, PART, "0042-"))
     exe = tmp_path / "harness"
     cmd = [cxx, "-std=c++20", "-O1", "-g", "-pthread", "-fsanitize=address,undefined",
            "-fno-sanitize-recover=undefined", f'-DKERNEL_INC="{inc}"', str(HARNESS), "-o", str(exe)]
