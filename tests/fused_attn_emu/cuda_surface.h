@@ -17,6 +17,9 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __shared__
+// programmatic dependent launch (0043): one grid at a time here, nothing to wait for
+static inline void ggml_cuda_pdl_sync() {}
+static inline void ggml_cuda_pdl_lc() {}
 
 struct dim3_t { unsigned x = 0, y = 0, z = 0; };
 static thread_local dim3_t threadIdx;
