@@ -82,6 +82,7 @@ fusion_ran() {
         HADAMARD_SET_ROWS) kind=set_rows ;;
         CONT_HADAMARD) kind=cont ;;
         HADAMARD_KQ) kind=kq ;;
+        ROPE_HADAMARD_SET_ROWS) kind=rope ;;
         *) return 0 ;;
     esac
     grep -o "rotation fusions run: .*" "$1" | grep -o "$kind=[0-9]*" | cut -d= -f2 \

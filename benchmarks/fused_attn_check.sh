@@ -6,15 +6,18 @@
 #   1. build llama-bench + test-backend-ops + llama-perplexity (FA kernels off; CUDA_FA=on: on)
 #   2. test-backend-ops ATTN_DECODE_FUSED against the CPU's separate ops, fused; 0023's count must show the fused
 #      kernel ran (plain and with the query rotation, the tails, and 0040's tensor-core V*P); then the same with
-#      0040 off (LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0: the f32 V*P). On a failure the same cases run unfused as a control,
-#      and nothing is timed
+#      0040 off (LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0: the f32 V*P); and 0044's K store (ROPE_HADAMARD_SET_ROWS: rope +
+#      rotation + quantized store in one kernel; its count must show it ran) with HADAMARD_SET_ROWS. On a failure the
+#      same cases run unfused as a control, and nothing is timed
 #   2c. (unless FAST=1) OUT_PROD and ATTN_DECODE_FUSED with the separate ops against the CPU
 #   3. (unless FAST=1) V*P op timings with the separate ops (test-backend-ops perf repeats only a graph's last node,
 #      so it cannot time the fused chain; end to end does, step 4)
 #   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and (unless
 #      SEPARATE=0) unfused, with the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); with AB=1 also
 #      q4_0 and q8_0 fused with 0040 off (the f32 V*P), with AB=2 q4_0 with one tile buffer (0036's pipeline off) and
-#      without the output tail (0037 off); ratios to f16/f16
+#      without the output tail (0037 off), with AB=3 q4_0 without 0043's programmatic dependent launch of the fused
+#      kernels (LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0), without 0044's K rope fold (LLAMA_VQ_CUDA_FUSE_ROPE=0) and without both,
+#      and q8_0 without both; ratios to f16/f16
 #   5. (time left; runs after 7) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate,
 #      separate with V*P on TF32 (how far precision alone moves it); q8_0/q8_0 fused and separate; FA on (FA_ON=1)
 #   6. (NCU=1) ncu's full set for one launch of the fused kernel and one of its combine at 32K
@@ -98,6 +101,16 @@ if [ "$rc" = 0 ]; then
     echo "fused, f32 V*P: $(passed "$OUT/tbo-fused-f32.log"), $(attn_counts "$OUT/tbo-fused-f32.log")" | tee -a "$txt"
     grep -E "FAIL" "$OUT/tbo-fused-f32.log" | head -10 | tee -a "$txt"
 fi
+if [ "$rc" = 0 ]; then
+    log "2d. K's rope + rotation + store in one kernel (0044), and the rotation + store alone, against the CPU"
+    for op in ROPE_HADAMARD_SET_ROWS HADAMARD_SET_ROWS; do
+        LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o "$op" > "$OUT/tbo-$op.log" 2>&1 || rc=1
+        echo "$op: $(passed "$OUT/tbo-$op.log"), $(grep -o "rotation fusions run: .*" "$OUT/tbo-$op.log" | tail -1)" \
+            | tee -a "$txt"
+        grep -E "FAIL" "$OUT/tbo-$op.log" | head -10 | tee -a "$txt"
+        fusion_ran "$OUT/tbo-$op.log" "$op" || { log "FAILED: $op's fused kernel never ran"; rc=1; }
+    done
+fi
 if [ "$rc" != 0 ]; then
     log "control: the same cases unfused (LLAMA_VQ_CUDA_FUSED_ATTN=0)"
     LLAMA_VQ_CUDA_FUSED_ATTN=0 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o ATTN_DECODE_FUSED > "$OUT/tbo-unfused.log" 2>&1
@@ -136,13 +149,18 @@ bench() {
 for l in sys.stdin:
     r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" \
         | tee -a "$txt" "$OUT/bench.txt"
-    echo "$label: $(attn_counts "$OUT/bench-$label.err")" | tee -a "$txt"
+    echo "$label: $(attn_counts "$OUT/bench-$label.err"); $(grep -o "rotation fusions run: .*" "$OUT/bench-$label.err" | tail -1)" \
+        | tee -a "$txt"
 }
 log "4. 8B decode (tg128 at 0/8K/32K, FA off): f16, q4_0 and q8_0 fused (default) and unfused"
 bench f16 f16 f16
 bench q4_0 q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
 if [ "${AB:-}" = 1 ]; then
     bench q4_0-f32vp q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0
+elif [ "${AB:-}" = 3 ]; then
+    bench q4_0-nopdl q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0
+    bench q4_0-norope q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSE_ROPE=0
+    bench q4_0-no4344 q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0 LLAMA_VQ_CUDA_FUSE_ROPE=0
 elif [ "${AB:-}" = 2 ]; then
     bench q4_0-1buf q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_NBUF=1
     bench q4_0-notail q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_TAIL=0
@@ -150,6 +168,7 @@ fi
 [ "${SEPARATE:-1}" = 0 ] || bench q4_0-unfused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 bench q8_0 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
 [ "${AB:-}" != 1 ] || bench q8_0-f32vp q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0
+[ "${AB:-}" != 3 ] || bench q8_0-no4344 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0 LLAMA_VQ_CUDA_FUSE_ROPE=0
 for n in ${BPSM_AB:-}; do
     bench "q4_0-bpsm$n" q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_BPSM="$n"
 done
