@@ -71,6 +71,8 @@ EOF
 }
 # attn_ran LOG: the fused attention's counts that 0023 prints at exit ("attention fusions run: attn=N rotated=N")
 attn_counts() { grep -o "attention fusions run: .*" "$1" | tail -1; }
+# rot_counts LOG: the rotation fusions' counts (0031; rope= from 0044)
+rot_counts() { grep -o "rotation fusions run: .*" "$1" | tail -1; }
 # passed LOG: test-backend-ops' "N/M tests passed" line of LOG and its count of FAIL lines
 passed() { echo "$(grep -E 'tests passed' "$1" | tail -1) $(grep -c FAIL "$1") FAIL"; }
 
@@ -105,8 +107,7 @@ if [ "$rc" = 0 ]; then
     log "2d. K's rope + rotation + store in one kernel (0044), and the rotation + store alone, against the CPU"
     for op in ROPE_HADAMARD_SET_ROWS HADAMARD_SET_ROWS; do
         LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -j 8 -b CUDA0 -o "$op" > "$OUT/tbo-$op.log" 2>&1 || rc=1
-        echo "$op: $(passed "$OUT/tbo-$op.log"), $(grep -o "rotation fusions run: .*" "$OUT/tbo-$op.log" | tail -1)" \
-            | tee -a "$txt"
+        echo "$op: $(passed "$OUT/tbo-$op.log"), $(rot_counts "$OUT/tbo-$op.log")" | tee -a "$txt"
         grep -E "FAIL" "$OUT/tbo-$op.log" | head -10 | tee -a "$txt"
         fusion_ran "$OUT/tbo-$op.log" "$op" || { log "FAILED: $op's fused kernel never ran"; rc=1; }
     done
@@ -149,8 +150,7 @@ bench() {
 for l in sys.stdin:
     r=json.loads(l); print('$label', r['type_k'], r['type_v'], r['n_depth'], round(r['avg_ts'],2), round(r['stddev_ts'],2))" \
         | tee -a "$txt" "$OUT/bench.txt"
-    echo "$label: $(attn_counts "$OUT/bench-$label.err"); $(grep -o "rotation fusions run: .*" "$OUT/bench-$label.err" | tail -1)" \
-        | tee -a "$txt"
+    echo "$label: $(attn_counts "$OUT/bench-$label.err"); $(rot_counts "$OUT/bench-$label.err")" | tee -a "$txt"
 }
 log "4. 8B decode (tg128 at 0/8K/32K, FA off): f16, q4_0 and q8_0 fused (default) and unfused"
 bench f16 f16 f16

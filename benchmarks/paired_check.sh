@@ -29,7 +29,8 @@ log built
 wait_model llama8b
 m="$M/synth-llama8b.gguf"
 
-# one llama-bench run: "LABEL K V depth t/s std" lines on stdout
+# one llama-bench run: "LABEL K V depth t/s std" lines on stdout (device_common.sh's bench_tg fixes -p 0, decode
+# only, and appends to a file; step 2 needs prefill, and both steps a timeout)
 run1() { # label k v "llama-bench args" [ENV=VALUE ...]
     local label=$1 k=$2 v=$3 args=$4; shift 4
     # shellcheck disable=SC2086
