@@ -1,8 +1,9 @@
-"""llama-vq-server: an OpenAI-compatible HTTP server on llama_vq.Llama.
+"""llama-vq-server: llama-server's engine (server-context, in libllama-vq-server) behind FastAPI + uvicorn.
 
-Modules: settings (configuration), cli (entry point), app (FastAPI app), api_router (routes),
-protocol (wire format), serving (requests <-> engine), engine (the model), kv_store (KV state
-files), metrics (Prometheus), auth (API keys), errors (OpenAI error bodies).
+Modules: options (llama-vq's own flags, split from llama-server's), settings (the typed configuration), engine
+(the ctypes binding of the engine), bridge (an HTTP request -> a route handler of the engine -> the response,
+streamed), security (API keys and CORS as llama-server answers them), metrics (Prometheus), state_dir (the
+prompt cache on disk across restarts), app (the FastAPI application), cli (the entry point).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,168 +1,166 @@
-"""``llama-vq-server``: parse and check the configuration, then serve until SIGTERM/SIGINT.
+"""`llama-vq-server`: llama-server's command line, llama-vq's flags, then serve.
 
-Exit status: 0 after a clean shutdown (SIGTERM drains: in-flight and queued requests finish, new
-ones get 503); 2 for a bad configuration value (before the model loads); 1 when the model cannot be
-loaded or an address cannot be listened on (the message names the address, port and reason; the
-sockets are bound before the model loads, so this fails fast).
+Order of events: the command line is parsed (ours, then llama-server's by llama.cpp's own parser); the sockets
+are bound (so a port in use fails at once, and /health answers 503 while loading); the model loads on a worker
+thread; the task loop starts on its own thread; slots saved in --state-dir are restored; then the server is
+ready. On SIGTERM or SIGINT: no new connections, running requests get --drain-timeout seconds to finish (then
+they are cancelled), slots are saved to --state-dir in what is left of llama-swap's 5 s, the engine stops.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures as cf
+import ipaddress
 import logging
-import signal
+import os
 import socket
 import sys
-from collections.abc import Sequence
-from types import FrameType
+import time
 
 import uvicorn
 
-from .engine import Engine
+from .app import create_app
+from .engine import Engine, EngineError
+from .metrics import Metrics
+from .options import OptionError, help_text, split_argv
+from .settings import Settings
+from .state_dir import StateDir, identity
+
+log = logging.getLogger("llama_vq.server")
+SIGTERM_BUDGET = 5.0  # llama-swap's stop timeout, seconds
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _bind(host: str, port: int) -> socket.socket:
+    if host.endswith(".sock"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.exists(host):
+            os.unlink(host)
+        sock.bind(host)
+    else:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from .settings import (
-        SettingsError,
-        build_parser,
-        check_against_model,
-        parse_settings,
-        resolve_model,
-    )
-
-    parser = build_parser()
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost",) or host.endswith(".sock"):
+        return True
     try:
-        settings = parse_settings(argv, parser=parser)
-    except SettingsError as e:
-        parser.error(str(e))  # exit 2
-    _configure_logging(settings.log_level)
-    log = logging.getLogger("llama_vq.server")
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
-    try:
-        import llama_vq
-    except ImportError as e:
-        print(f"llama-vq-server: error: {e}", file=sys.stderr)
-        return 1
-    try:
-        model = resolve_model(settings)
-    except llama_vq.DefaultModelError as e:
-        print(
-            f"llama-vq-server: error: no --model given and the default model is unavailable: {e}",
-            file=sys.stderr,
-        )
-        return 1
-    try:
-        check_against_model(settings, model)
-    except SettingsError as e:
-        parser.error(str(e))
 
-    from .app import create_app
-    from .auth import warn_if_exposed
-    from .metrics import Metrics
-
-    try:
-        sockets = bind_sockets(settings.hosts, settings.port)
-    except BindError as e:
-        print(f"llama-vq-server: error: {e}", file=sys.stderr)
-        return 1
-    warn_if_exposed(settings.host, settings.loopback, bool(settings.api_keys))
+async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock: socket.socket) -> int:
     metrics = Metrics()
-    server: _DrainingServer | None = None
+    workers = max(64, 8 * settings.n_parallel)
+    executor = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llama-vq-http")
+    ready = asyncio.Event()
+    app = create_app(settings, engine, metrics, executor, ready)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=max(settings.drain_timeout, 0.1),
+                            timeout_keep_alive=30, access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    stop_at: list[float] = []
 
-    def fatal(e: BaseException) -> None:
-        if server is not None:
+    async def load() -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            engine.set_swa_cache_types(settings.cache_type_k_swa, settings.cache_type_v_swa)
+            await loop.run_in_executor(executor, engine.load)
+        except EngineError as e:
+            log.error("%s", e)
             server.should_exit = True
+            return
+        engine.start_loop()
+        if state is not None:
+            n = await loop.run_in_executor(executor, state.restore, engine)
+            if n:
+                log.info("state dir: %d tokens of earlier prompts restored", n)
+        ready.set()
+        metrics.engine_ready.set(1)
+        log.info("model loaded; serving on %s", _where(settings))
 
-    engine = Engine(settings, metrics, model, on_fatal=fatal)
-    app = create_app(settings, engine, metrics)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        lifespan="on",
-        timeout_keep_alive=30,
-        log_config=None,
-    )
-    server = _DrainingServer(config, engine)
-    log.info(
-        "llama-vq-server %s: model %s on http://%s:%d (loading in the background; GET /health "
-        "says when ready)",
-        llama_vq.__version__,
-        model,
-        settings.host,
-        settings.port,
-    )
-    server.run(sockets=sockets)
-    if engine.load_error is not None:
-        e = engine.load_error
-        print(f"llama-vq-server: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ValueError) else 1
-    if not server.started:
-        return 1
-    log.info("shut down cleanly")
+    loader = asyncio.ensure_future(load())
+    orig_handle_exit = server.handle_exit
+
+    def handle_exit(sig, frame) -> None:  # noqa: ANN001
+        stop_at.append(time.monotonic())
+        orig_handle_exit(sig, frame)
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+    await server.serve(sockets=[sock])
+    t_stop = stop_at[0] if stop_at else time.monotonic()
+
+    if not ready.is_set():
+        loader.cancel()
+        failed = engine.state().get("state") == "failed"
+        log.info("stopped before the model was ready")
+        executor.shutdown(wait=False, cancel_futures=True)
+        return 1 if failed else 0
+    if state is not None:
+        deadline = t_stop + SIGTERM_BUDGET - 0.75
+        saved = await asyncio.get_running_loop().run_in_executor(executor, state.save, engine, deadline)
+        log.info("state dir: %d slots saved", saved)
+    await asyncio.get_running_loop().run_in_executor(executor, engine.terminate, 2.0)
+    executor.shutdown(wait=False, cancel_futures=True)
+    log.info("stopped in %.2f s", time.monotonic() - t_stop)
     return 0
 
 
-class BindError(OSError):
-    """An address that cannot be listened on; the message says which and why."""
+def _where(settings: Settings) -> str:
+    if settings.host.endswith(".sock"):
+        return settings.host
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return f"http://{host}:{settings.port}{settings.api_prefix}"
 
 
-def bind_sockets(hosts: Sequence[str], port: int) -> list[socket.socket]:
-    """A listening TCP socket per host (first address it resolves to), or BindError.
-
-    With several hosts an IPv6 socket is IPv6-only, so that '::' and '0.0.0.0' can be listed together.
-    """
-    out: list[socket.socket] = []
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s llama-vq-server %(levelname)s %(message)s")
+    if any(a in ("-h", "--help", "--usage") for a in argv):
+        print(help_text(), flush=True)  # then llama.cpp's parser prints llama-server's flags and exits
     try:
-        for host in hosts:
-            try:
-                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            except socket.gaierror as e:
-                raise BindError(f"cannot listen on {host!r} port {port}: cannot resolve it ({e.strerror})") from None
-            family, kind, proto, _, addr = infos[0]
-            sock = socket.socket(family, kind, proto)
-            out.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and len(hosts) > 1:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(addr)
-                sock.listen(2048)
-            except OSError as e:
-                raise BindError(f"cannot listen on {host} port {port}: {e.strerror or e}") from None
-            sock.set_inheritable(True)
-    except BindError:
-        for sock in out:
-            sock.close()
-        raise
-    return out
+        ours, llama_argv = split_argv(argv)
+    except OptionError as e:
+        print(f"llama-vq-server: {e}", file=sys.stderr)
+        return 2
+    if ours.get("state_dir") and "--slot-save-path" not in llama_argv:
+        # slot files are how the state dir saves and restores (state_dir.py)
+        llama_argv += ["--slot-save-path", os.path.expanduser(str(ours["state_dir"]))]
+    try:
+        engine = Engine(llama_argv)
+        settings = Settings.build(ours, engine.params)
+    except (EngineError, OptionError) as e:
+        print(f"llama-vq-server: {e}", file=sys.stderr)
+        return 1
+    if not _is_loopback(settings.host) and not settings.api_keys:
+        log.warning("listening on %s without --api-key: anyone who can reach it can use the model", settings.host)
 
+    state = None
+    if settings.state_dir is not None:
+        import llama_vq
 
-class _DrainingServer(uvicorn.Server):
-    """uvicorn.Server whose signal handler also starts the engine's drain, and which does not
-    re-raise the signal after the graceful shutdown (uvicorn's default, ending the process)."""
-
-    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
-        super().__init__(config)
-        self.engine = engine
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        logging.getLogger("llama_vq.server").info(
-            "%s: finishing in-flight requests, refusing new ones", signal.Signals(sig).name
-        )
-        self.engine.begin_drain()
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        else:
-            self.should_exit = True
+        info = llama_vq.build_info()
+        build = {"backend": info.backend, "patches": list(info.patches), "commit": info.llama_cpp_commit}
+        state = StateDir(settings.state_dir, settings.state_budget,
+                         identity(engine.params["model_path"], llama_argv, build), settings.n_parallel)
+    try:
+        sock = _bind(settings.host, settings.port)
+    except OSError as e:
+        print(f"llama-vq-server: cannot listen on {settings.host}:{settings.port}: {e}", file=sys.stderr)
+        return 1
+    log.info("listening on %s (loading the model)", _where(settings))
+    rc = asyncio.run(serve(engine, settings, state, sock))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the engine's threads and the model are the process's: leave without unloading what the OS frees anyway
+    os._exit(rc)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

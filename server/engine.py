@@ -1,0 +1,211 @@
+"""The engine: llama-server's server-context in libllama-vq-server (native/server), bound with ctypes.
+
+Every call that can block (load, the task loop, a handler, a stream's next chunk) releases the GIL (ctypes
+does for a CDLL) and is meant for a worker thread; nothing here runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import llama_vq  # noqa: F401  (binds llama_cpp to llama_vq's libraries first)
+from llama_vq._binding import LIB_DIR
+
+ABI_VERSION = 1
+_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
+
+
+class EngineError(RuntimeError):
+    """The engine could not be created or loaded; the message says why."""
+
+
+_c = ctypes
+_p, _sz, _char_pp = _c.c_void_p, _c.c_size_t, _c.POINTER(_c.c_char_p)
+# name: (argtypes, restype); c_void_p results that are our malloc'd strings are freed by _take()
+_SIGNATURES: dict[str, tuple[list, Any]] = {
+    "llama_vq_server_abi_version": ([], _c.c_int),
+    "llama_vq_server_create": ([_c.c_int, _c.POINTER(_c.c_char_p), _c.POINTER(_p)], _p),
+    "llama_vq_server_params": ([_p], _p),
+    "llama_vq_server_routes": ([_p], _p),
+    "llama_vq_server_set_swa_cache_types": ([_p, _c.c_int, _c.c_int], None),
+    "llama_vq_server_load": ([_p], _c.c_int),
+    "llama_vq_server_state": ([_p], _p),
+    "llama_vq_server_run": ([_p], None),
+    "llama_vq_server_terminate": ([_p], None),
+    "llama_vq_server_free": ([_p], None),
+    "llama_vq_server_call_new": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz, _c.POINTER(_p)], _p),
+    "llama_vq_server_call_add_file": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz], None),
+    "llama_vq_server_call_run": ([_p], _c.c_int),
+    "llama_vq_server_call_head": ([_p], _c.c_char_p),
+    "llama_vq_server_call_body": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], None),
+    "llama_vq_server_call_next": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], _c.c_int),
+    "llama_vq_server_call_cancel": ([_p], None),
+    "llama_vq_server_call_free": ([_p], None),
+    "llama_vq_server_string_free": ([_p], None),
+}
+
+_lib_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+def _native() -> ctypes.CDLL:
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            path = LIB_DIR / f"libllama-vq-server{_SUFFIX}"
+            if not path.exists():
+                raise EngineError(f"{path} is missing: this llama-vq build has no server engine; rebuild llama-vq "
+                                  "(scripts/build.sh install)")
+            lib = ctypes.CDLL(str(path))
+            for name, (args, res) in _SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = args, res
+            if lib.llama_vq_server_abi_version() != ABI_VERSION:
+                raise EngineError(f"{path} has server ABI {lib.llama_vq_server_abi_version()}, this package "
+                                  f"needs {ABI_VERSION}: reinstall llama-vq")
+            _lib = lib
+        return _lib
+
+
+def _take(ptr: int | None) -> Any:
+    """Decode and free a JSON string the library allocated."""
+    if not ptr:
+        return None
+    try:
+        return json.loads(ctypes.string_at(ptr).decode("utf-8", "replace"))
+    finally:
+        _native().llama_vq_server_string_free(ptr)
+
+
+def _error_message(err: ctypes.c_void_p, default: str) -> str:
+    doc = _take(err.value)
+    if isinstance(doc, dict):
+        return str(doc.get("error", {}).get("message", default))
+    return default
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str  # GET, POST or DELETE
+    path: str  # llama-server's form: "/slots/:id_slot"
+
+
+@dataclass
+class Head:
+    status: int
+    content_type: str
+    headers: dict[str, str]
+    stream: bool
+
+
+class Call:
+    """One request to one route handler. Use from a worker thread: run(), then body() or next() until it
+    returns False; cancel() from any thread; close() exactly once (frees the native request)."""
+
+    def __init__(self, engine: Engine, route: Route, path: str, query_string: str, params: dict[str, str],
+                 headers: dict[str, str], body: bytes) -> None:
+        lib = _native()
+        req = json.dumps({"path": path, "query_string": query_string, "params": params, "headers": headers})
+        err = ctypes.c_void_p()
+        self._h = lib.llama_vq_server_call_new(engine._h, route.method.encode(), route.path.encode(), req.encode(),
+                                               body, len(body), ctypes.byref(err))
+        if not self._h:
+            raise EngineError(_error_message(err, f"no route {route.method} {route.path}"))
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def add_file(self, field: str, filename: str, content_type: str, data: bytes) -> None:
+        _native().llama_vq_server_call_add_file(self._h, field.encode(), filename.encode(), content_type.encode(),
+                                                data, len(data))
+
+    def run(self) -> Head:
+        lib = _native()
+        lib.llama_vq_server_call_run(self._h)
+        head = json.loads(lib.llama_vq_server_call_head(self._h).decode("utf-8", "replace"))
+        return Head(int(head["status"]), str(head["content_type"]), dict(head["headers"]), bool(head["stream"]))
+
+    def body(self) -> bytes:
+        data, size = ctypes.c_void_p(), ctypes.c_size_t()
+        _native().llama_vq_server_call_body(self._h, ctypes.byref(data), ctypes.byref(size))
+        return ctypes.string_at(data.value, size.value) if size.value else b""
+
+    def next(self) -> tuple[bytes, bool]:
+        """The stream's next chunk (may be empty) and whether more may follow. Blocks."""
+        data, size = ctypes.c_void_p(), ctypes.c_size_t()
+        more = _native().llama_vq_server_call_next(self._h, ctypes.byref(data), ctypes.byref(size))
+        return (ctypes.string_at(data.value, size.value) if size.value else b""), bool(more)
+
+    def cancel(self) -> None:
+        with self._lock:
+            if not self._closed:
+                _native().llama_vq_server_call_cancel(self._h)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        _native().llama_vq_server_call_free(self._h)
+
+
+class Engine:
+    """llama-server's engine for one model, from llama-server's command line (argv without the program)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        lib = _native()
+        args = [b"llama-vq-server"] + [a.encode() for a in argv]
+        arr = (ctypes.c_char_p * len(args))(*args)
+        err = ctypes.c_void_p()
+        self._h = lib.llama_vq_server_create(len(args), arr, ctypes.byref(err))
+        if not self._h:
+            raise EngineError(_error_message(err, "the engine could not be created"))
+        self.params: dict[str, Any] = _take(lib.llama_vq_server_params(self._h))
+        self.routes: list[Route] = [Route(r["method"], r["path"]) for r in _take(lib.llama_vq_server_routes(self._h))]
+        self._loop: threading.Thread | None = None
+        self._freed = False
+
+    def set_swa_cache_types(self, type_k: int | None, type_v: int | None) -> None:
+        _native().llama_vq_server_set_swa_cache_types(self._h, -1 if type_k is None else type_k,
+                                                      -1 if type_v is None else type_v)
+
+    def load(self) -> None:
+        """Load the model(s) (blocks); raises EngineError on failure (llama.cpp's log says why)."""
+        if _native().llama_vq_server_load(self._h) != 0:
+            raise EngineError("the model could not be loaded (see the log above)")
+
+    def start_loop(self) -> None:
+        """Run the task loop on a thread of its own."""
+        self._loop = threading.Thread(target=_native().llama_vq_server_run, args=(self._h,),
+                                      name="llama-vq-engine", daemon=True)
+        self._loop.start()
+
+    def state(self) -> dict[str, Any]:
+        """{"state": "created"|"loading"|"ready"|"sleeping"|"failed"|"stopped", "progress": ...}"""
+        doc = _take(_native().llama_vq_server_state(self._h))
+        if self._loop is not None and not self._loop.is_alive() and doc.get("state") in ("ready", "sleeping"):
+            doc["state"] = "stopped"
+        return doc
+
+    @property
+    def loop_alive(self) -> bool:
+        return self._loop is not None and self._loop.is_alive()
+
+    def call(self, route: Route, path: str, query_string: str = "", params: dict[str, str] | None = None,
+             headers: dict[str, str] | None = None, body: bytes = b"") -> Call:
+        return Call(self, route, path, query_string, params or {}, headers or {}, body)
+
+    def terminate(self, timeout: float | None = None) -> None:
+        """Stop the task loop (pending calls end as cancelled) and wait for it up to timeout seconds."""
+        _native().llama_vq_server_terminate(self._h)
+        if self._loop is not None:
+            self._loop.join(timeout)
+
+    def free(self) -> None:
+        if not self._freed and not self.loop_alive:
+            self._freed = True
+            _native().llama_vq_server_free(self._h)
