@@ -55,13 +55,21 @@ def fastapi_path(path: str) -> str:
     return re.sub(r":([A-Za-z_][A-Za-z0-9_]*)", r"{\1}", path)
 
 
-def create_app(settings: Settings, engine: Engine, metrics: Metrics, executor: cf.ThreadPoolExecutor,
-               ready: asyncio.Event | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine: Engine,
+    metrics: Metrics,
+    executor: cf.ThreadPoolExecutor,
+    ready: asyncio.Event | None = None,
+) -> FastAPI:
     """The app for one engine. `ready` is set by the caller once the model is loaded and the loop runs; until
     then every route answers 503, /health included (as llama-server)."""
-    app = FastAPI(title="llama-vq-server", version=__version__,
-                  description="llama-server's API (OpenAI, Anthropic, llama-server's own) on llama-vq: a quantized V "
-                              "cache with flash attention off, and llama-server's engine.")
+    app = FastAPI(
+        title="llama-vq-server",
+        version=__version__,
+        description="llama-server's API (OpenAI, Anthropic, llama-server's own) on llama-vq: a quantized V "
+        "cache with flash attention off, and llama-server's engine.",
+    )
     app.state.ready = ready or asyncio.Event()
     bridge = Bridge(engine, executor, metrics, settings.sse_keepalive, settings.api_prefix)
 
@@ -77,11 +85,24 @@ def create_app(settings: Settings, engine: Engine, metrics: Metrics, executor: c
         path = fastapi_path(route.path)
         tag, summary = _DOC.get(path, ("llama-server", f"llama-server's {route.method} {route.path}"))
         if route.path == "/metrics":
-            app.add_api_route(settings.api_prefix + path, _metrics_endpoint(app, engine, bridge, metrics),
-                              methods=["GET"], tags=[tag], summary=summary, response_model=None)
+            app.add_api_route(
+                settings.api_prefix + path,
+                _metrics_endpoint(app, engine, bridge, metrics),
+                methods=["GET"],
+                tags=[tag],
+                summary=summary,
+                response_model=None,
+            )
             continue
-        app.add_api_route(settings.api_prefix + path, endpoint_for(route), methods=[route.method], tags=[tag],
-                          summary=summary, name=f"{route.method} {route.path}", response_model=None)
+        app.add_api_route(
+            settings.api_prefix + path,
+            endpoint_for(route),
+            methods=[route.method],
+            tags=[tag],
+            summary=summary,
+            name=f"{route.method} {route.path}",
+            response_model=None,
+        )
 
     app.add_exception_handler(StarletteHTTPException, _http_error)
     # innermost first: the body limit, keys, CORS (pre-flights before the key check)
@@ -95,10 +116,14 @@ def create_app(settings: Settings, engine: Engine, metrics: Metrics, executor: c
 def _loading(engine: Engine) -> Response:
     state = engine.state().get("state")
     if state in ("failed", "stopped"):
-        return Response(error_body(503, f"the engine has {state}", "unavailable_error"), 503,
-                        media_type="application/json; charset=utf-8")
-    return Response(error_body(503, "Loading model", "unavailable_error"), 503,
-                    media_type="application/json; charset=utf-8")
+        return Response(
+            error_body(503, f"the engine has {state}", "unavailable_error"),
+            503,
+            media_type="application/json; charset=utf-8",
+        )
+    return Response(
+        error_body(503, "Loading model", "unavailable_error"), 503, media_type="application/json; charset=utf-8"
+    )
 
 
 def _metrics_endpoint(app: FastAPI, engine: Engine, bridge: Bridge, metrics: Metrics):
@@ -110,8 +135,13 @@ def _metrics_endpoint(app: FastAPI, engine: Engine, bridge: Bridge, metrics: Met
             return _loading(engine)
 
         def upstream() -> tuple[int, bytes, str]:
-            call = engine.call(route, "/metrics", request.url.query, dict(request.query_params),
-                               {k.lower(): v for k, v in request.headers.items()})
+            call = engine.call(
+                route,
+                "/metrics",
+                request.url.query,
+                dict(request.query_params),
+                {k.lower(): v for k, v in request.headers.items()},
+            )
             try:
                 head = call.run()
                 return head.status, call.body(), head.content_type

@@ -59,8 +59,9 @@ def _sse_error(route: Route, body: bytes) -> bytes:
 
 
 class Bridge:
-    def __init__(self, engine: Engine, executor: cf.ThreadPoolExecutor, metrics: Metrics, keepalive: float,
-                 prefix: str = "") -> None:
+    def __init__(
+        self, engine: Engine, executor: cf.ThreadPoolExecutor, metrics: Metrics, keepalive: float, prefix: str = ""
+    ) -> None:
         self.engine = engine
         self.executor = executor
         self.metrics = metrics
@@ -77,9 +78,10 @@ class Bridge:
             body, files = await _form_as_json(request)
         path = request.url.path
         if self.prefix and path.startswith(self.prefix):
-            path = path[len(self.prefix):] or "/"
+            path = path[len(self.prefix) :] or "/"
         call = await asyncio.get_running_loop().run_in_executor(
-            self.executor, lambda: self.engine.call(route, path, request.url.query, params, headers, body))
+            self.executor, lambda: self.engine.call(route, path, request.url.query, params, headers, body)
+        )
         for field, name, ctype, data in files:
             call.add_file(field, name, ctype, data)
         return call
@@ -155,8 +157,9 @@ class EngineResponse(Response):
             head: Head | None = None
             while head is None:
                 timeout = b.keepalive if (self.stream and b.keepalive > 0) else None
-                done, _ = await asyncio.wait({asyncio.wrap_future(pending), disconnected}, timeout=timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {asyncio.wrap_future(pending), disconnected}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
                 if disconnected in done:
                     b.metrics.disconnects.inc()
                     return
@@ -166,9 +169,17 @@ class EngineResponse(Response):
                     break
                 # the prompt is still being processed: open the stream and keep it alive
                 if not started:
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                                            (b"x-accel-buffering", b"no")]})
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": [
+                                (b"content-type", b"text/event-stream"),
+                                (b"cache-control", b"no-cache"),
+                                (b"x-accel-buffering", b"no"),
+                            ],
+                        }
+                    )
                     started = True
                 await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
                 b.metrics.keepalives.inc()
@@ -178,8 +189,9 @@ class EngineResponse(Response):
                 if started:
                     await send({"type": "http.response.body", "body": _sse_error(route, body) if body else b""})
                 else:
-                    await send({"type": "http.response.start", "status": head.status,
-                                "headers": _headers(head, len(body))})
+                    await send(
+                        {"type": "http.response.start", "status": head.status, "headers": _headers(head, len(body))}
+                    )
                     await send({"type": "http.response.body", "body": body})
                 b.metrics.requests.labels(scope["method"], route.path, str(head.status)).inc()
                 return
@@ -191,8 +203,9 @@ class EngineResponse(Response):
             more = True
             while more:
                 pending = b.executor.submit(call.next)
-                done, _ = await asyncio.wait({asyncio.wrap_future(pending), disconnected},
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {asyncio.wrap_future(pending), disconnected}, return_when=asyncio.FIRST_COMPLETED
+                )
                 if disconnected in done:
                     b.metrics.disconnects.inc()
                     return

@@ -62,8 +62,14 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
     executor = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llama-vq-http")
     ready = asyncio.Event()
     app = create_app(settings, engine, metrics, executor, ready)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=max(settings.drain_timeout, 0.1),
-                            timeout_keep_alive=30, access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=max(settings.drain_timeout, 0.1),
+        timeout_keep_alive=30,
+        access_log=False,
+        lifespan="off",
+    )
     server = uvicorn.Server(config)
     stop_at: list[float] = []
 
@@ -147,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
 
         info = llama_vq.build_info()
         build = {"backend": info.backend, "patches": list(info.patches), "commit": info.llama_cpp_commit}
-        state = StateDir(settings.state_dir, settings.state_budget,
-                         identity(engine.params["model_path"], llama_argv, build), settings.n_parallel)
+        state = StateDir(
+            settings.state_dir,
+            settings.state_budget,
+            identity(engine.params["model_path"], llama_argv, build),
+            settings.n_parallel,
+        )
     try:
         sock = _bind(settings.host, settings.port)
     except OSError as e:

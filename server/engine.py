@@ -59,15 +59,19 @@ def _native() -> ctypes.CDLL:
         if _lib is None:
             path = LIB_DIR / f"libllama-vq-server{_SUFFIX}"
             if not path.exists():
-                raise EngineError(f"{path} is missing: this llama-vq build has no server engine; rebuild llama-vq "
-                                  "(scripts/build.sh install)")
+                raise EngineError(
+                    f"{path} is missing: this llama-vq build has no server engine; rebuild llama-vq "
+                    "(scripts/build.sh install)"
+                )
             lib = ctypes.CDLL(str(path))
             for name, (args, res) in _SIGNATURES.items():
                 fn = getattr(lib, name)
                 fn.argtypes, fn.restype = args, res
             if lib.llama_vq_server_abi_version() != ABI_VERSION:
-                raise EngineError(f"{path} has server ABI {lib.llama_vq_server_abi_version()}, this package "
-                                  f"needs {ABI_VERSION}: reinstall llama-vq")
+                raise EngineError(
+                    f"{path} has server ABI {lib.llama_vq_server_abi_version()}, this package "
+                    f"needs {ABI_VERSION}: reinstall llama-vq"
+                )
             _lib = lib
         return _lib
 
@@ -107,21 +111,31 @@ class Call:
     """One request to one route handler. Use from a worker thread: run(), then body() or next() until it
     returns False; cancel() from any thread; close() exactly once (frees the native request)."""
 
-    def __init__(self, engine: Engine, route: Route, path: str, query_string: str, params: dict[str, str],
-                 headers: dict[str, str], body: bytes) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        route: Route,
+        path: str,
+        query_string: str,
+        params: dict[str, str],
+        headers: dict[str, str],
+        body: bytes,
+    ) -> None:
         lib = _native()
         req = json.dumps({"path": path, "query_string": query_string, "params": params, "headers": headers})
         err = ctypes.c_void_p()
-        self._h = lib.llama_vq_server_call_new(engine._h, route.method.encode(), route.path.encode(), req.encode(),
-                                               body, len(body), ctypes.byref(err))
+        self._h = lib.llama_vq_server_call_new(
+            engine._h, route.method.encode(), route.path.encode(), req.encode(), body, len(body), ctypes.byref(err)
+        )
         if not self._h:
             raise EngineError(_error_message(err, f"no route {route.method} {route.path}"))
         self._lock = threading.Lock()
         self._closed = False
 
     def add_file(self, field: str, filename: str, content_type: str, data: bytes) -> None:
-        _native().llama_vq_server_call_add_file(self._h, field.encode(), filename.encode(), content_type.encode(),
-                                                data, len(data))
+        _native().llama_vq_server_call_add_file(
+            self._h, field.encode(), filename.encode(), content_type.encode(), data, len(data)
+        )
 
     def run(self) -> Head:
         lib = _native()
@@ -170,8 +184,9 @@ class Engine:
         self._freed = False
 
     def set_swa_cache_types(self, type_k: int | None, type_v: int | None) -> None:
-        _native().llama_vq_server_set_swa_cache_types(self._h, -1 if type_k is None else type_k,
-                                                      -1 if type_v is None else type_v)
+        _native().llama_vq_server_set_swa_cache_types(
+            self._h, -1 if type_k is None else type_k, -1 if type_v is None else type_v
+        )
 
     def load(self) -> None:
         """Load the model(s) (blocks); raises EngineError on failure (llama.cpp's log says why)."""
@@ -180,8 +195,9 @@ class Engine:
 
     def start_loop(self) -> None:
         """Run the task loop on a thread of its own."""
-        self._loop = threading.Thread(target=_native().llama_vq_server_run, args=(self._h,),
-                                      name="llama-vq-engine", daemon=True)
+        self._loop = threading.Thread(
+            target=_native().llama_vq_server_run, args=(self._h,), name="llama-vq-engine", daemon=True
+        )
         self._loop.start()
 
     def state(self) -> dict[str, Any]:
@@ -195,8 +211,15 @@ class Engine:
     def loop_alive(self) -> bool:
         return self._loop is not None and self._loop.is_alive()
 
-    def call(self, route: Route, path: str, query_string: str = "", params: dict[str, str] | None = None,
-             headers: dict[str, str] | None = None, body: bytes = b"") -> Call:
+    def call(
+        self,
+        route: Route,
+        path: str,
+        query_string: str = "",
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        body: bytes = b"",
+    ) -> Call:
         return Call(self, route, path, query_string, params or {}, headers or {}, body)
 
     def terminate(self, timeout: float | None = None) -> None:

@@ -55,24 +55,51 @@ class Flag:
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("state_dir", "--state-dir", "DIR",
-         "keep prompt caches on disk across restarts: each slot's KV state is saved there when the server stops "
-         "(and restored when it starts), sha256-checked, with llama-server's slot files"),
-    Flag("state_budget", "--state-budget", "SIZE",
-         "disk budget of --state-dir (e.g. 8G); the least recently written states go beyond it (default 8G)",
-         parse_size),
-    Flag("cache_type_k_swa", "--cache-type-k-swa", "TYPE",
-         "K cache type of the sliding-window layers (f16, q8_0, q4_0, ...; default: --cache-type-k)"),
-    Flag("cache_type_v_swa", "--cache-type-v-swa", "TYPE",
-         "V cache type of the sliding-window layers (default: --cache-type-v)"),
-    Flag("drain_timeout", "--drain-timeout", "SECONDS",
-         "on SIGTERM/SIGINT, how long running requests may finish before they are cancelled (default 3; "
-         "llama-swap kills after 5 s)", _seconds),
-    Flag("max_body_size", "--max-body-size", "SIZE",
-         "largest request body accepted, else 413 (default 64M)", parse_size),
-    Flag("sse_keepalive", "--sse-keepalive", "SECONDS",
-         "while a streamed request's prompt is processed, send an SSE comment every SECONDS so that clients and "
-         "proxies keep the connection (0: off; default 10)", _seconds),
+    Flag(
+        "state_dir",
+        "--state-dir",
+        "DIR",
+        "keep prompt caches on disk across restarts: each slot's KV state is saved there when the server stops "
+        "(and restored when it starts), sha256-checked, with llama-server's slot files",
+    ),
+    Flag(
+        "state_budget",
+        "--state-budget",
+        "SIZE",
+        "disk budget of --state-dir (e.g. 8G); the least recently written states go beyond it (default 8G)",
+        parse_size,
+    ),
+    Flag(
+        "cache_type_k_swa",
+        "--cache-type-k-swa",
+        "TYPE",
+        "K cache type of the sliding-window layers (f16, q8_0, q4_0, ...; default: --cache-type-k)",
+    ),
+    Flag(
+        "cache_type_v_swa",
+        "--cache-type-v-swa",
+        "TYPE",
+        "V cache type of the sliding-window layers (default: --cache-type-v)",
+    ),
+    Flag(
+        "drain_timeout",
+        "--drain-timeout",
+        "SECONDS",
+        "on SIGTERM/SIGINT, how long running requests may finish before they are cancelled (default 3; "
+        "llama-swap kills after 5 s)",
+        _seconds,
+    ),
+    Flag(
+        "max_body_size", "--max-body-size", "SIZE", "largest request body accepted, else 413 (default 64M)", parse_size
+    ),
+    Flag(
+        "sse_keepalive",
+        "--sse-keepalive",
+        "SECONDS",
+        "while a streamed request's prompt is processed, send an SSE comment every SECONDS so that clients and "
+        "proxies keep the connection (0: off; default 10)",
+        _seconds,
+    ),
 )
 _BY_FLAG = {f.flag: f for f in FLAGS}
 

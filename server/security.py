@@ -28,9 +28,17 @@ def error_body(status: int, message: str, type_: str) -> bytes:
 
 
 async def send_json(send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -43,7 +51,7 @@ class ApiKeyMiddleware:
     def allowed(self, authorization: bytes | None, x_api_key: bytes | None) -> bool:
         token = authorization or x_api_key or b""
         if token.startswith(b"Bearer "):
-            token = token[len(b"Bearer "):]
+            token = token[len(b"Bearer ") :]
         # compare with every key, in constant time per key
         return any([hmac.compare_digest(token, k) for k in self.keys])
 

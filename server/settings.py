@@ -49,8 +49,10 @@ class Settings:
                     raise OptionError(str(e)) from None
         state_dir = Path(str(ours["state_dir"])).expanduser() if ours.get("state_dir") else None
         if params.get("ssl"):
-            raise OptionError("--ssl-key-file/--ssl-cert-file: llama-vq-server serves plain HTTP; put a TLS proxy "
-                              "in front of it (or run llama-server for built-in TLS)")
+            raise OptionError(
+                "--ssl-key-file/--ssl-cert-file: llama-vq-server serves plain HTTP; put a TLS proxy "
+                "in front of it (or run llama-server for built-in TLS)"
+            )
         return cls(
             host=str(params.get("host", "127.0.0.1")),
             port=int(params.get("port", 8080)),

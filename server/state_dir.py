@@ -29,10 +29,33 @@ log = logging.getLogger("llama_vq.server")
 FORMAT = 1
 _SLOT_ROUTE = Route("POST", "/slots/:id_slot")
 # llama-server arguments that do not change what a saved state means (network, auth, logging, sampling defaults)
-_NEUTRAL_FLAGS = {"--host", "--port", "--api-key", "--api-key-file", "--timeout", "-to", "--threads-http",
-                  "--log-file", "--metrics", "--slots", "--no-slots", "--props", "--cors-origins", "--cors-methods",
-                  "--cors-headers", "--sleep-idle-seconds", "-v", "--verbose", "--log-verbosity", "-lv",
-                  "--slot-save-path", "-t", "--threads", "-tb", "--threads-batch"}
+_NEUTRAL_FLAGS = {
+    "--host",
+    "--port",
+    "--api-key",
+    "--api-key-file",
+    "--timeout",
+    "-to",
+    "--threads-http",
+    "--log-file",
+    "--metrics",
+    "--slots",
+    "--no-slots",
+    "--props",
+    "--cors-origins",
+    "--cors-methods",
+    "--cors-headers",
+    "--sleep-idle-seconds",
+    "-v",
+    "--verbose",
+    "--log-verbosity",
+    "-lv",
+    "--slot-save-path",
+    "-t",
+    "--threads",
+    "-tb",
+    "--threads-batch",
+}
 
 
 def identity(model_path: str, llama_argv: list[str], build: dict[str, Any]) -> str:
@@ -49,8 +72,12 @@ def identity(model_path: str, llama_argv: list[str], build: dict[str, Any]) -> s
             skip = "=" not in a and name not in ("-v", "--verbose", "--metrics", "--slots", "--no-slots", "--props")
             continue
         args.append(a)
-    doc = {"format": FORMAT, "model": [os.path.abspath(model_path), st.st_size, st.st_mtime_ns], "args": args,
-           "build": build}
+    doc = {
+        "format": FORMAT,
+        "model": [os.path.abspath(model_path), st.st_size, st.st_mtime_ns],
+        "args": args,
+        "build": build,
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -78,8 +105,14 @@ class StateDir:
 
     def _slot_action(self, engine: Engine, slot: int, action: str) -> tuple[int, dict]:
         body = json.dumps({"filename": self.file_name(slot)}).encode()
-        call = engine.call(_SLOT_ROUTE, f"/slots/{slot}", f"action={action}",
-                           {"id_slot": str(slot), "action": action}, {"content-type": "application/json"}, body)
+        call = engine.call(
+            _SLOT_ROUTE,
+            f"/slots/{slot}",
+            f"action={action}",
+            {"id_slot": str(slot), "action": action},
+            {"content-type": "application/json"},
+            body,
+        )
         try:
             head = call.run()
             raw = call.body()
@@ -101,8 +134,7 @@ class StateDir:
             why = self._check(path, side)
             if why:
                 log.warning("state dir: %s not restored (%s); deleting it", path.name, why)
-                path.unlink(missing_ok=True)
-                side.unlink(missing_ok=True)
+                self._delete(slot)
                 continue
             status, doc = self._slot_action(engine, slot, "restore")
             if status != 200:
@@ -113,6 +145,15 @@ class StateDir:
             log.info("state dir: slot %d restored, %d tokens", slot, n)
         return total
 
+    def _files(self, slot: int) -> list[Path]:
+        """The slot's state file and llama-server's checkpoint file beside it (patch 0046)."""
+        path = self.root / self.file_name(slot)
+        return [path, path.with_name(path.name + ".checkpoints")]
+
+    def _delete(self, slot: int) -> None:
+        for p in [*self._files(slot), self._sidecar(slot)]:
+            p.unlink(missing_ok=True)
+
     def _check(self, path: Path, side: Path) -> str | None:
         try:
             meta = json.loads(side.read_text())
@@ -120,10 +161,14 @@ class StateDir:
             return "no readable sidecar"
         if meta.get("identity") != self.ident:
             return "written by another model, build or cache configuration"
-        if meta.get("size") != path.stat().st_size:
-            return "size differs from its sidecar"
-        if meta.get("sha256") != _sha256(path):
-            return "sha256 mismatch"
+        for f in self._files(int(path.stem.split("-")[1])):
+            want = meta.get("files", {}).get(f.name)
+            if want is None:
+                continue
+            if not f.exists() or want["size"] != f.stat().st_size:
+                return f"{f.name}: size differs from its sidecar"
+            if want["sha256"] != _sha256(f):
+                return f"{f.name}: sha256 mismatch"
         return None
 
     def save(self, engine: Engine, deadline: float) -> int:
@@ -133,23 +178,41 @@ class StateDir:
             if time.monotonic() >= deadline:
                 log.warning("state dir: out of time, slots %d.. not saved", slot)
                 break
-            path, side = self.root / self.file_name(slot), self._sidecar(slot)
+            side = self._sidecar(slot)
             status, doc = self._slot_action(engine, slot, "save")
-            if status != 200 or not int(doc.get("n_saved", 0)):
+            if status != 200:
+                log.warning("state dir: slot %d not saved: %s", slot, doc)
                 continue
-            side.write_text(json.dumps({"identity": self.ident, "size": path.stat().st_size,
-                                        "sha256": _sha256(path), "n_tokens": int(doc.get("n_saved", 0)),
-                                        "saved_at": time.time()}))
+            if not int(doc.get("n_saved", 0)):  # an empty slot: nothing of it survives
+                self._delete(slot)
+                continue
+            files = {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)} for f in self._files(slot) if f.exists()}
+            side.write_text(
+                json.dumps(
+                    {
+                        "identity": self.ident,
+                        "files": files,
+                        "n_tokens": int(doc.get("n_saved", 0)),
+                        "saved_at": time.time(),
+                    }
+                )
+            )
             saved += 1
         self._enforce_budget()
         return saved
 
     def _enforce_budget(self) -> None:
-        files = sorted(self.root.glob("slot-*.bin"), key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files)
-        while files and self.budget > 0 and total > self.budget:
-            old = files.pop(0)
-            total -= old.stat().st_size
-            log.info("state dir: %s deleted (over --state-budget)", old.name)
-            old.unlink(missing_ok=True)
-            old.with_suffix(".json").unlink(missing_ok=True)
+        slots = sorted(
+            (int(p.stem.split("-")[1]) for p in self.root.glob("slot-*.bin")),
+            key=lambda s: self._files(s)[0].stat().st_mtime,
+        )
+
+        def size(slot: int) -> int:
+            return sum(f.stat().st_size for f in self._files(slot) if f.exists())
+
+        total = sum(size(s) for s in slots)
+        while slots and self.budget > 0 and total > self.budget:
+            old = slots.pop(0)
+            total -= size(old)
+            log.info("state dir: slot %d's files deleted (over --state-budget)", old)
+            self._delete(old)
