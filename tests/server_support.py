@@ -31,7 +31,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m server.cli`` with the given flags; ``url``, ``log()``, ``stop()``."""
+    """``python -m llama_vq_server.cli`` (the installed llama-vq-server) with llama-server's and llama-vq's flags;
+    ``url``, ``log()``, ``stop()``. Defaults: --ctx-size 1024 and --threads 1 (a flag given later wins: llama.cpp's
+    parser keeps the last value)."""
 
     def __init__(
         self,
@@ -50,20 +52,20 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "server.cli",
+            "llama_vq_server.cli",
             "--model",
             str(model),
             "--port",
             str(self.port),
             "--ctx-size",
             "1024",
-            "--log-level",
-            "info",
+            "--threads",
+            "1",
             *flags,
         ]
         full_env = {**os.environ, **(env or {})}
         if api_key is None:
-            full_env.pop("LLAMA_VQ_API_KEY", None)
+            full_env.pop("LLAMA_API_KEY", None)
         # Run from a neutral directory: the installed packages are under test, not the checkout's.
         cwd = os.environ.get("LLAMA_VQ_TEST_SERVER_CWD") or str(log_dir)
         self.proc = subprocess.Popen(
