@@ -90,6 +90,19 @@ class Server:
             time.sleep(0.1)
         raise TimeoutError(f"{kind} not ready; see {log}")
 
+    def memory_mib(self) -> dict[str, float]:
+        """The process's resident memory now and at its peak (VmRSS, VmHWM), MiB: for llama-vq-server that is the
+        Python front end and the engine together, for llama-server the engine alone."""
+        out = {}
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key.lower()] = int(value.split()[0]) / 1024
+        except OSError:
+            pass
+        return out
+
     def snapshot(self) -> None:
         """Into the log, once: GET /slots twice, 2 s apart (does anything still move?), and the decode counters."""
         with self._snap_lock:
@@ -148,8 +161,9 @@ def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list
         str(args.threads),
         *extra,
     ]
+    # the same flags for both: llama-vq-server parses them with llama-server's own parser
     if kind == "ours":
-        return [args.python or sys.executable, "-m", "server.cli", *common, "--log-level", "warning"]
+        return [args.python or sys.executable, "-m", "llama_vq_server.cli", *common, "--no-webui"]
     return [str(args.llama_server), *common, "--no-webui"]
 
 
@@ -292,11 +306,13 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
                     "label": args.label if args.label and len(kinds) == 1 else kind,
                     **run_clients(srv.url, n, args.requests, args.max_tokens, args.context_words),
                 }
+                row.update({f"{k}_mib": v for k, v in srv.memory_mib().items()})
                 for sp in spies:
                     sp.wait()
                 print(
                     f"[throughput] {kind:12s} clients {n}: {row['tok_s']:.1f} tok/s, TTFT p50 "
-                    f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms"
+                    f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms, "
+                    f"RSS {row.get('vmrss_mib', 0):.0f} MiB (peak {row.get('vmhwm_mib', 0):.0f})"
                     + (f", {row['failed']} FAILED: {row['errors']}" if row["failed"] else ""),
                     flush=True,
                 )
@@ -366,7 +382,7 @@ def cmd_agent(args: argparse.Namespace) -> dict[str, Any]:
         state.mkdir(parents=True)
         extra = shlex.split(args.extra)
         if kind == "ours":
-            extra += ["--state-dir", str(state), "--state-min-tokens", "64"]
+            extra += ["--state-dir", str(state)]
         else:
             extra += ["--slot-save-path", str(state)]
         cmd = server_cmd(kind, args, args.parallel, extra)

@@ -38,7 +38,7 @@ def cmd_build_llama_vq(args: argparse.Namespace) -> dict[str, Any]:
     for var, key in (("CC", "CMAKE_C_COMPILER"), ("CXX", "CMAKE_CXX_COMPILER")):
         if pip.get(key):
             env[var] = pip[key]  # ccache keys on the compiler path: /usr/bin/cc is not /usr/bin/gcc
-    cfg = ["cmake", "-S", str(REPO), "-B", str(d), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_VQ_BUILD_SERVER=ON"]
+    cfg = ["cmake", "-S", str(REPO), "-B", str(d), "-DCMAKE_BUILD_TYPE=Release"]
     cfg += ["-DLLAMA_VQ_BUILD_TOOLS=ON"]  # llama.cpp adds tools/server only with its tools
     keys = ("LLAMA_VQ_BACKEND", "LLAMA_VQ_CPU_FEATURES", "SKBUILD_PROJECT_VERSION")
     cfg += [f"-D{k}={pip[k]}" for k in keys if pip.get(k)]

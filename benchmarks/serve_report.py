@@ -11,14 +11,16 @@ def markdown(res: dict[str, Any]) -> str:
     lines = []
     if res.get("rows"):
         lines += [
-            "| server | clients | tok/s | TTFT p50 ms | TTFT p99 ms | requests | failed |",
-            "|---|---|---|---|---|---|---|",
+            "| server | clients | tok/s | TTFT p50 ms | TTFT p99 ms | requests | failed | RSS MiB (peak) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {r['server']} | {r['clients']} | {r['tok_s']:.1f} | {r['ttft_p50_s'] * 1e3:.0f} | "
-            f"{r['ttft_p99_s'] * 1e3:.0f} | {r['requests']} | {r.get('failed', 0)} |"
+            f"{r['ttft_p99_s'] * 1e3:.0f} | {r['requests']} | {r.get('failed', 0)} | "
+            f"{r.get('vmrss_mib', float('nan')):.0f} ({r.get('vmhwm_mib', float('nan')):.0f}) |"
             for r in res["rows"]
         ]
+        lines += ratios(res["rows"])
     if res.get("turns"):
         lines += ["", "| server | turn | prompt | cached | ratio | after restart |", "|---|---|---|---|---|---|"]
         lines += [
@@ -27,6 +29,22 @@ def markdown(res: dict[str, Any]) -> str:
             for t in res["turns"]
         ]
     return "\n".join(lines) + "\n"
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """llama-vq-server against llama-server at each client count of one run: tok/s ratio, TTFT differences."""
+    by = {(r["server"], r["clients"]): r for r in rows}
+    out = []
+    for (server, n), r in sorted(by.items(), key=lambda kv: kv[0][1]):
+        o = by.get(("llama-server", n))
+        if server != "ours" or o is None:
+            continue
+        out.append(
+            f"- {n} clients: llama-vq-server / llama-server tok/s = {r['tok_s'] / o['tok_s']:.3f}; TTFT "
+            f"p50 {(r['ttft_p50_s'] - o['ttft_p50_s']) * 1e3:+.1f} ms, "
+            f"p99 {(r['ttft_p99_s'] - o['ttft_p99_s']) * 1e3:+.1f} ms"
+        )
+    return [""] + out if out else []
 
 
 def summary(runs: list[dict[str, Any]], k: int) -> str:

@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -92,11 +93,13 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
         log.info("model loaded; serving on %s", _where(settings))
 
     loader = asyncio.ensure_future(load())
-    orig_handle_exit = server.handle_exit
-
     def handle_exit(sig, frame) -> None:  # noqa: ANN001
+        # uvicorn's own handler also records the signal and raises it again once it has stopped, which would kill
+        # the process before the state dir is saved; a second SIGINT forces the exit, as with uvicorn
         stop_at.append(time.monotonic())
-        orig_handle_exit(sig, frame)
+        if server.should_exit and sig == signal.SIGINT:
+            server.force_exit = True
+        server.should_exit = True
 
     server.handle_exit = handle_exit  # type: ignore[method-assign]
     await server.serve(sockets=[sock])
@@ -136,8 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llama-vq-server: {e}", file=sys.stderr)
         return 2
     if ours.get("state_dir") and "--slot-save-path" not in llama_argv:
-        # slot files are how the state dir saves and restores (state_dir.py)
-        llama_argv += ["--slot-save-path", os.path.expanduser(str(ours["state_dir"]))]
+        # slot files are how the state dir saves and restores (state_dir.py); llama.cpp's parser wants the folder
+        state_path = os.path.expanduser(str(ours["state_dir"]))
+        try:
+            os.makedirs(state_path, exist_ok=True)
+        except OSError as e:
+            print(f"llama-vq-server: --state-dir {state_path}: {e}", file=sys.stderr)
+            return 2
+        llama_argv += ["--slot-save-path", state_path]
     try:
         engine = Engine(llama_argv)
         settings = Settings.build(ours, engine.params)
