@@ -121,6 +121,14 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
     return 0
 
 
+def _names_model(argv: list[str]) -> bool:
+    """Whether llama-server's arguments (or its LLAMA_ARG_* variables) name a model to serve."""
+    flags = ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-dr", "--docker-repo")
+    if any(a.split("=", 1)[0] in flags for a in argv):
+        return True
+    return any(os.environ.get(v) for v in ("LLAMA_ARG_MODEL", "LLAMA_ARG_MODEL_URL", "LLAMA_ARG_HF_REPO"))
+
+
 def _where(settings: Settings) -> str:
     if settings.host.endswith(".sock"):
         return settings.host
@@ -138,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     except OptionError as e:
         print(f"llama-vq-server: {e}", file=sys.stderr)
         return 2
+    if not _names_model(llama_argv):
+        import llama_vq
+
+        default = str(llama_vq.default_model_path())
+        log.info("no -m/--model: serving the embedded default model %s", default)
+        llama_argv += ["-m", default]
     if ours.get("state_dir") and "--slot-save-path" not in llama_argv:
         # slot files are how the state dir saves and restores (state_dir.py); llama.cpp's parser wants the folder
         state_path = os.path.expanduser(str(ours["state_dir"]))
