@@ -95,8 +95,9 @@ build_project() {
     local B=$1 py=$2; shift 2
     cmake -S "$here" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC="$C/llama.cpp" \
         -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_CUDA_FA=OFF \
-        -DLLAMA_VQ_BUILD_TOOLS=ON -DLLAMA_VQ_BUILD_SERVER=ON -DPython3_EXECUTABLE="$py" > "$OUT/build.log" 2>&1 \
+        -DLLAMA_VQ_BUILD_TOOLS=ON -DPython3_EXECUTABLE="$py" > "$OUT/build.log" 2>&1 \
         && cmake --build "$B" -j "$(nproc)" --target llama ggml ggml-base ggml-cpu ggml-cuda llama-common llama-vq-chat \
+            llama-vq-server mtmd \
             "$@" >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
     mkdir -p "$here/llama_vq/lib"
     find "$B" -name 'lib*.so' -not -path '*/CMakeFiles/*' -exec cp -L {} "$here/llama_vq/lib/" \;
@@ -122,7 +123,9 @@ server_python() {
     tar xJf "$(dirname "$C")/py.tar.xz" -C /tmp || exit 1
     PY=/tmp/py/bin/python3
     export LD_LIBRARY_PATH=/tmp/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export PYTHONPATH=$here
+    # the repository's server/ is the package llama_vq_server (as the wheel installs it)
+    mkdir -p /tmp/py-src && ln -sfn "$here/server" /tmp/py-src/llama_vq_server
+    export PYTHONPATH=$here:/tmp/py-src
 }
 
 # ppl_kl TXT LABEL [ENV=VALUE ...] -- ARGS...: llama-perplexity on the 8B shape over 4 x 512 tokens of llama.cpp's own
