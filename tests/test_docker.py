@@ -25,10 +25,11 @@ DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
 def server_default_port() -> int:
-    sys.path.insert(0, str(ROOT))
-    from server.settings import Settings
-
-    return Settings().port
+    """llama-server's default port (common_params::port in the pinned llama.cpp), which llama-vq-server keeps."""
+    header = (ROOT / "vendor" / "llama.cpp" / "common" / "common.h").read_text()
+    m = re.search(r"int32_t port\s*=\s*(\d+);", header)
+    assert m, "common_params::port not found in vendor/llama.cpp/common/common.h"
+    return int(m.group(1))
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -59,11 +60,11 @@ def test_rocm_image_listens_on_all_interfaces_on_the_documented_port_with_a_heal
     final = stages(ROOT / "docker" / "Dockerfile.rocm")[-1]
     env = " ".join(rest for word, rest in final if word == "ENV")
     port = server_default_port()
-    assert "LLAMA_VQ_HOST=0.0.0.0" in env
-    assert f"LLAMA_VQ_PORT={port}" in env
+    assert "LLAMA_ARG_HOST=0.0.0.0" in env
+    assert f"LLAMA_ARG_PORT={port}" in env
     assert [rest for word, rest in final if word == "EXPOSE"] == [str(port)]
     health = [rest for word, rest in final if word == "HEALTHCHECK"]
-    assert len(health) == 1 and "/health" in health[0] and "LLAMA_VQ_PORT" in health[0]
+    assert len(health) == 1 and "/health" in health[0] and "LLAMA_ARG_PORT" in health[0]
     readme = (ROOT / "docker" / "README.md").read_text()
     ports = set(re.findall(r"\bport (\d{4,5})\b|-p (\d{4,5}):", readme))
     assert {p for pair in ports for p in pair if p} == {str(port)}, ports

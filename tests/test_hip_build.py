@@ -80,7 +80,7 @@ def test_hip_toolchain_refuses_without_root_with_a_clear_message():
 
 
 @pytest.mark.slow
-def test_hip_build_for_gfx90a_links_libggml_hip_and_test_backend_ops():
+def test_hip_build_for_gfx90a_links_libggml_hip_the_server_engine_and_test_backend_ops():
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -131,11 +131,11 @@ def _runtime_stage_script(port: int) -> str:
         elif word not in ("EXPOSE", "ARG"):
             raise AssertionError(f"Dockerfile.rocm: {word} in the runtime stage: teach this test what it does")
     assert user != "root" and health and entry
-    env["LLAMA_VQ_PORT"] = str(port)  # the chroot shares this machine's network: a free port, not the image's
+    env["LLAMA_ARG_PORT"] = str(port)  # the chroot shares this machine's network: a free port, not the image's
     # the image's environment (the exported values above), nothing else, as the image's user
     as_user = f"runuser -u {user} -- env -i HOME=/home/{user} " + " ".join(f'{k}="${k}"' for k in env)
     lines += [
-        f"export LLAMA_VQ_PORT={port}",
+        f"export LLAMA_ARG_PORT={port}",
         f"{as_user} {shlex.join(entry)} > /tmp/server.log 2>&1 &",
         "pid=$!",
         "stop() { kill $(pgrep -P \"$pid\") \"$pid\" 2>/dev/null || true; }",
@@ -162,7 +162,8 @@ def test_rocm_image_runtime_steps_install_the_hip_wheels_and_serve_health_as_non
                           timeout=20 * 60)
     out = proc.stdout + proc.stderr
     if proc.returncode != 0 and "cannot stat '/src/llama-vq/dist/*.whl'" in out:
-        pytest.fail("no HIP wheels: test_hip_build_for_gfx90a_links_libggml_hip_and_test_backend_ops builds them")
+        pytest.fail("no HIP wheels: test_hip_build_for_gfx90a_links_libggml_hip_the_server_engine_and_test_backend_ops "
+                    "builds them")
     assert proc.returncode == 0, out[-6000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("healthy after") and last.endswith("server user: llama-vq"), last
