@@ -12,7 +12,8 @@
 # Here:   python3 benchmarks/carry.py .stage/carry --tokenizer-from <SmolLM2 GGUF>
 # There:  CARRY=.stage/carry OUT=<results> [BIN=<folder with llama-bench>] bash benchmarks/hip_proxy.sh
 # Env: CONFIGS (default "nvidia hip hip-fused"), REPS (2), DEADLINE (s from the start; later runs are skipped, 540),
-# MODELS ("llama8b mimo").
+# MODELS ("llama8b mimo"), JSONL (the records, default /tmp/hip_proxy.jsonl: a later call on the same machine skips
+# what it holds and adds the rest; copied into OUT).
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 device_log hip-proxy "$OUT/hip_proxy.txt"
@@ -34,7 +35,8 @@ LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=32" ;;
     esac
 }
 
-jsonl=$OUT/hip_proxy.jsonl
+jsonl=${JSONL:-/tmp/hip_proxy.jsonl}
+touch "$jsonl"
 for model in ${MODELS:-llama8b mimo}; do
     wait_model "$model"
     if [ "$model" = mimo ]; then depths=0,65536; pairs="f16,f16 q4_0,q4_0 q8_0,q4_1"; else depths=0,8192,32768; pairs="f16,f16 q4_0,q4_0 q8_0,q8_0"; fi
@@ -42,6 +44,8 @@ for model in ${MODELS:-llama8b mimo}; do
         for pair in $pairs; do
             late "${DEADLINE:-540}" && { log "deadline: $model $cfg $pair and later skipped"; continue; }
             k=${pair%,*} v=${pair#*,}
+            grep -q "\"type_k\": \"$k\", \"type_v\": \"$v\".*\"model\": \"$model\", \"config\": \"$cfg\"" "$jsonl" \
+                && { log "$model $cfg $k/$v: already measured"; continue; }
             # shellcheck disable=SC2046  # env_of: several VAR=VALUE words
             env $(env_of "$cfg") "$bin/llama-bench" -m "$M/synth-$model.gguf" -ngl 99 -fa 0 -p 512 -n 64 -d "$depths" \
                 -r "${REPS:-2}" -ctk "$k" -ctv "$v" -o jsonl 2> "$OUT/bench-$model-$cfg-$k-$v.log" \
@@ -52,6 +56,7 @@ for line in sys.stdin:
         done
     done
 done
+cp "$jsonl" "$OUT/hip_proxy.jsonl"
 python3 - "$jsonl" <<'EOF' | tee -a "$OUT/hip_proxy.txt"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
