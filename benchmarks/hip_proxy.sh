@@ -3,8 +3,9 @@
 # side by side with the NVIDIA default, in one run:
 #   nvidia      the default here (fused decode attention with tensor-core V*P on sm_80+, TF32 GEMM, PDL)
 #   hip         HIP as it ships: no fused attention (HIP's auto is off), OUT_PROD's F16 GEMM branch (HIP's only one),
-#               the vector kernel's 32-column bound (HIP's)
-#   hip-fused   the fused decode attention's portable form (f32 V*P, no PDL) with the rest as `hip`: what
+#               no programmatic dependent launches (GGML_CUDA_PDL=0: HIP has none). OUT_PROD's vector-kernel column
+#               bound (32 on HIP, 48/64 here) does not matter for one sequence's decode (at most GQA = 16 columns).
+#   hip-fused   the fused decode attention's portable form (f32 V*P) with the rest as `hip`: what
 #               LLAMA_VQ_CUDA_FUSED_ATTN=1 gives HIP
 # For each: llama-bench tg64 and pp512, FA off, f16/f16 and the quantized pairs, on the 8B shape at depth 0/8K/32K and
 # the MiMo attention shape at 0/64K; ratios to the same config's f16/f16. What a proxy cannot show: wave64 occupancy,
@@ -29,9 +30,8 @@ bin=$BIN
 env_of() {
     case "$1" in
         nvidia) echo "X=1" ;;
-        hip) echo "LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=32" ;;
-        hip-fused) echo "LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0 \
-LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=32" ;;
+        hip) echo "LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 GGML_CUDA_PDL=0" ;;
+        hip-fused) echo "LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 GGML_CUDA_PDL=0" ;;
     esac
 }
 
