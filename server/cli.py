@@ -32,7 +32,7 @@ log = logging.getLogger("llama_vq.server")
 SIGTERM_BUDGET = 5.0  # llama-swap's stop timeout, seconds
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, v6only: bool = False) -> socket.socket:
     if host.endswith(".sock"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.path.exists(host):
@@ -42,6 +42,8 @@ def _bind(host: str, port: int) -> socket.socket:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and v6only:  # with several addresses, [::] must not also claim 0.0.0.0
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -57,7 +59,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock: socket.socket) -> int:
+async def serve(engine: Engine, settings: Settings, state: StateDir | None, socks: list[socket.socket]) -> int:
     metrics = Metrics()
     workers = max(64, 8 * settings.n_parallel)
     executor = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llama-vq-http")
@@ -102,7 +104,7 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
         server.should_exit = True
 
     server.handle_exit = handle_exit  # type: ignore[method-assign]
-    await server.serve(sockets=[sock])
+    await server.serve(sockets=socks)
     t_stop = stop_at[0] if stop_at else time.monotonic()
 
     if not ready.is_set():
@@ -167,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, OptionError) as e:
         print(f"llama-vq-server: {e}", file=sys.stderr)
         return 1
-    if not _is_loopback(settings.host) and not settings.api_keys:
-        log.warning("listening on %s without --api-key: anyone who can reach it can use the model", settings.host)
+    for host in settings.hosts:
+        if not _is_loopback(host) and not settings.api_keys:
+            log.warning("listening on %s without --api-key: anyone who can reach it can use the model", host)
 
     state = None
     if settings.state_dir is not None:
@@ -182,13 +185,16 @@ def main(argv: list[str] | None = None) -> int:
             identity(engine.params["model_path"], llama_argv, build),
             settings.n_parallel,
         )
-    try:
-        sock = _bind(settings.host, settings.port)
-    except OSError as e:
-        print(f"llama-vq-server: cannot listen on {settings.host}:{settings.port}: {e}", file=sys.stderr)
-        return 1
+    n_tcp = sum(not h.endswith(".sock") for h in settings.hosts)
+    socks: list[socket.socket] = []
+    for host in settings.hosts:  # --host a,b: every address, as llama-server
+        try:
+            socks.append(_bind(host, settings.port, v6only=n_tcp > 1))
+        except OSError as e:
+            print(f"llama-vq-server: cannot listen on {host}:{settings.port}: {e}", file=sys.stderr)
+            return 1
     log.info("listening on %s (loading the model)", _where(settings))
-    rc = asyncio.run(serve(engine, settings, state, sock))
+    rc = asyncio.run(serve(engine, settings, state, socks))
     sys.stdout.flush()
     sys.stderr.flush()
     # the engine's threads and the model are the process's: leave without unloading what the OS frees anyway

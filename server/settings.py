@@ -17,6 +17,7 @@ from .options import OptionError
 class Settings:
     # llama-server's, as its parser left them (engine.params)
     host: str = "127.0.0.1"
+    hosts: tuple[str, ...] = ("127.0.0.1",)  # --host a,b: llama-server listens on each
     port: int = 8080
     api_prefix: str = ""
     api_keys: tuple[str, ...] = ()
@@ -55,6 +56,7 @@ class Settings:
             )
         return cls(
             host=str(params.get("host", "127.0.0.1")),
+            hosts=tuple(str(h) for h in params.get("hosts") or ()) or (str(params.get("host", "127.0.0.1")),),
             port=int(params.get("port", 8080)),
             api_prefix=str(params.get("api_prefix", "")),
             api_keys=tuple(params.get("api_keys", ())),
