@@ -175,7 +175,7 @@ def rebase(dev: Path, new: Path | None, cont: bool) -> None:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(tree)}
         git(dev, "add", "-A", "-f", ".", env=env)
         tree_id = git(dev, "write-tree", env=env).strip()
-    base = git(dev, "commit-tree", tree_id, "-p", old_base, "-m", f"pristine llama.cpp from {new.name}").strip()
+    base = git(dev, "commit-tree", tree_id, "-p", old_base, "-m", f"pristine llama.cpp from {new}").strip()
     git(dev, "branch", "-f", "upstream-old", old_base)
     git(dev, "branch", "-f", "upstream", base)
     git(dev, "checkout", "-q", "queue")

@@ -213,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check")
     e = sub.add_parser("export")
     e.add_argument("dest", type=Path)
-    for verb in ("import", "write"):
+    for verb in ("import", "write", "apply"):  # apply: the old name of import
         sub.add_parser(verb).add_argument("--dir", type=Path, default=DEFAULT_DEV)
+    sub.add_parser("refresh").add_argument("name", nargs="?")
     r = sub.add_parser("rebase")
     r.add_argument("new", type=Path, nargs="?", help="a pristine llama.cpp tree (e.g. another sdist's vendor/)")
     r.add_argument("--continue", dest="cont", action="store_true")
@@ -232,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "export":
             names = export(args.dest.resolve())
             print(f"patched tree at {args.dest} ({len(names)} patch(es))")
-        elif args.command == "import":
+        elif args.command in ("import", "apply"):
             _patch_queue.import_queue(args.dir.resolve())
+        elif args.command == "refresh":
+            raise PatchError("refresh is gone: commit your change in the queue (git commit --fixup, rebase -i), "
+                             "then `python tools/patches.py write` (docs/patches.md)")
         elif args.command == "write":
             _patch_queue.write_queue(args.dir.resolve())
         elif args.command == "rebase":
