@@ -18,8 +18,8 @@
 #      without the output tail (0037 off), with AB=3 q4_0 without 0043's programmatic dependent launch of the fused
 #      kernels (LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0), without 0044's K rope fold (LLAMA_VQ_CUDA_FUSE_ROPE=0) and without both,
 #      and q8_0 without both; ratios to f16/f16
-#   5. (time left; runs after 7) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate,
-#      separate with V*P on TF32 (how far precision alone moves it); q8_0/q8_0 fused and separate; FA on (FA_ON=1)
+#   5. (time left; runs after 7) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused and separate
+#      (the row with V*P on TF32 went with LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS); q8_0/q8_0 fused and separate; FA on (FA_ON=1)
 #   6. (NCU=1) ncu's full set for one launch of the fused kernel and one of its combine at 32K
 #   7. (MIMO=1; runs before 5) the MiMo shape (tools/synth_models.py mimo --preset attn: GQA 16 full layers, GQA 8 sliding-window
 #      layers, sinks), tg128 at 0/32K/64K, one repetition: f16/f16, the production types q8_0 K / q4_1 V fused and
@@ -220,9 +220,6 @@ ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence
 [ "${AB:-}" != 1 ] || ppl q4_0-fused-f32vp LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 -- -ctk q4_0 -ctv q4_0 \
     --kl-divergence
 pplfa q4_0-fa-on-$fa_where -ctk q4_0 -ctv q4_0
-# how far a change of V*P's precision alone moves this model's q4_0 KL (the separate ops, V*P on the TF32 GEMM)
-[ -n "${FAST:-}" ] || ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- \
-    -ctk q4_0 -ctv q4_0 --kl-divergence
 # q8_0 adds little error of its own: the clean view of what the fused path (its int8 queries) adds
 [ "${SEPARATE:-1}" = 0 ] || ppl q8_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q8_0 --kl-divergence
 ppl q8_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q8_0 --kl-divergence
