@@ -11,7 +11,7 @@
 # There:  OUT=<results folder> bash benchmarks/paired_check.sh
 # Env: DEADLINE (seconds from the start after which no run starts; default 480), ROUNDS (default 5), DEPTHS (llama-bench
 # -d list for step 3, default 8192), CONFIGS (space-separated LABEL:CTK:CTV[:ENV=VALUE,...]; default
-# "q4_0:q4_0:q4_0 q4_0-no4344:q4_0:q4_0:LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0,LLAMA_VQ_CUDA_FUSE_ROPE=0"), PREFILL=0 skips step 2.
+# "q4_0:q4_0:q4_0 q8_0:q8_0:q8_0"), PREFILL=0 skips step 2.
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 t0=$(date +%s)
@@ -58,7 +58,7 @@ EOF
 fi
 
 log "3. decode, tg128 at ${DEPTHS:-8192}: ${ROUNDS:-5} rounds of f16 then each config"
-configs=${CONFIGS:-"q4_0:q4_0:q4_0 q4_0-no4344:q4_0:q4_0:LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0,LLAMA_VQ_CUDA_FUSE_ROPE=0"}
+configs=${CONFIGS:-"q4_0:q4_0:q4_0 q8_0:q8_0:q8_0"}
 for r in $(seq 1 "${ROUNDS:-5}"); do
     late && { log "stopped (deadline) before round $r"; break; }
     run1 f16 f16 f16 "-p 0 -n 128 -d ${DEPTHS:-8192} -r 2" | sed "s/^/round $r /" | tee -a "$txt" "$OUT/decode.txt"

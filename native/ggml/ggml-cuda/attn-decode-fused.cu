@@ -908,58 +908,28 @@ static int attn_decode_row_bytes(const ggml_type type, const int64_t d) {
     return (int) (d/ggml_blck_size(type)*ggml_type_size(type));
 }
 
-// LLAMA_VQ_CUDA_FUSED_ATTN_BPSM: blocks per SM the splits aim at (default 4; read once)
-static int attn_decode_bpsm() {
-    static const int bpsm = [] {
-        const char * env = getenv("LLAMA_VQ_CUDA_FUSED_ATTN_BPSM");
-        const int n = env ? atoi(env) : 4;
-        return std::max(1, std::min(n, 64));
-    }();
-    return bpsm;
-}
-
-// LLAMA_VQ_CUDA_FUSED_ATTN_MIN_TILES: tiles of AD_TC cells each split takes at least (default 1; read once): a short
-// cache in fewer splits runs serially in fewer blocks, but without the combine's launch (one split)
-static int attn_decode_min_tiles() {
-    static const int mt = [] {
-        const char * env = getenv("LLAMA_VQ_CUDA_FUSED_ATTN_MIN_TILES");
-        const int n = env ? atoi(env) : 1;
-        return std::max(1, std::min(n, 1 << 20));
-    }();
-    return mt;
-}
+// the splits aim at AD_SPLIT_BPSM blocks per SM, each split at least AD_SPLIT_MIN_TILES tiles of AD_TC cells (as
+// measured on an H200: benchmarks/KERNEL_NOTES.md, the split knobs)
+#define AD_SPLIT_BPSM      4
+#define AD_SPLIT_MIN_TILES 1
 
 // launches one of the fused attention's kernels the way ggml launches its own (ggml_cuda_kernel_launch): where CUDA
 // supports it (12.3+, PTX for sm_90+), as a programmatic dependent launch, so that its blocks are scheduled while the
 // kernel before it drains, and each waits (ggml_cuda_pdl_sync) before it reads that kernel's output (0043).
-// GGML_CUDA_PDL=0 turns that off for every kernel; LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0 for these two only (for measuring;
-// read once)
+// GGML_CUDA_PDL=0 turns that off for every kernel.
 template <typename Kernel, typename... Args>
 static void attn_decode_kernel_launch(Kernel kernel, const dim3 grid, const size_t smem, cudaStream_t stream,
         Args &&... args) {
-    static const bool plain = [] {
-        const char * env = getenv("LLAMA_VQ_CUDA_FUSED_ATTN_PDL");
-        return env && atoi(env) == 0;
-    }();
-    if (plain) {
-        kernel<<<grid, AD_NT, smem, stream>>>(std::forward<Args>(args)...);
-        CUDA_CHECK(cudaGetLastError());
-        return;
-    }
     ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(grid, dim3(AD_NT, 1, 1), smem, stream),
         std::forward<Args>(args)...);
 }
 
 // K and V tile buffers of k_attn_decode: 2 where cp.async copies the next tile during this one (NVIDIA sm_80+) and
-// the shared memory allows, else 1; LLAMA_VQ_CUDA_FUSED_ATTN_NBUF=1 forces one (for measuring; read once)
+// the shared memory allows, else 1
 static int attn_decode_nbuf(const int ncols, const int dk, const int dv, const int rbk, const int rbv, const bool vmma) {
-    static const bool one = [] {
-        const char * env = getenv("LLAMA_VQ_CUDA_FUSED_ATTN_NBUF");
-        return env && atoi(env) == 1;
-    }();
     const int    id = ggml_cuda_get_device();
     const auto & di = ggml_cuda_info().devices[id];
-    if (one || !cp_async_available(di.cc) || attn_decode_smem(ncols, dk, dv, rbk, rbv, 2, vmma) > di.smpbo) {
+    if (!cp_async_available(di.cc) || attn_decode_smem(ncols, dk, dv, rbk, rbv, 2, vmma) > di.smpbo) {
         return 1;
     }
     return 2;
@@ -980,17 +950,6 @@ static bool attn_decode_vmma(const int ncols, const int dk, const int dv, const 
     return !off && dv == AD_VMMA_DV && ampere_mma_available(di.cc) &&
         attn_decode_smem(ncols, dk, dv, rbk, rbv, 1, true) <= di.smpbo;
 #endif // GGML_USE_HIP
-}
-
-// LLAMA_VQ_CUDA_FUSED_ATTN_MAX_COLS: fuse up to this many query columns (n_tokens x GQA) per KV head (default and at
-// most ATTN_DECODE_MAX_COLS), e.g. to leave GQA-16 shapes to the separate ops where those measure faster; read once
-static int attn_decode_max_cols() {
-    static const int max_cols = [] {
-        const char * env = getenv("LLAMA_VQ_CUDA_FUSED_ATTN_MAX_COLS");
-        const int n = env ? atoi(env) : ATTN_DECODE_MAX_COLS;
-        return std::max(1, std::min(n, ATTN_DECODE_MAX_COLS));
-    }();
-    return max_cols;
 }
 
 bool ggml_cuda_attn_decode_fused_supported(const ggml_tensor * kq, const ggml_tensor * softmax, const ggml_tensor * kqv) {
@@ -1031,7 +990,7 @@ bool ggml_cuda_attn_decode_fused_supported(const ggml_tensor * kq, const ggml_te
     }
     const int64_t ntok = q->ne[1];
     const int64_t gqa  = q->ne[2]/nkvh;
-    if (ntok > ATTN_DECODE_MAX_TOKENS || ntok*gqa > attn_decode_max_cols() || nkvh*((ntok*gqa + 31)/32) > 65535 ||
+    if (ntok > ATTN_DECODE_MAX_TOKENS || ntok*gqa > ATTN_DECODE_MAX_COLS || nkvh*((ntok*gqa + 31)/32) > 65535 ||
             nstream > 65535) {
         return false;
     }
@@ -1176,7 +1135,7 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
 
     p.rbk = attn_decode_row_bytes(k->type, p.dk);
     p.rbv = attn_decode_row_bytes(v->type, p.dv);
-    attn_decode_plan(p, nstream, nsm, attn_decode_bpsm(), attn_decode_min_tiles());
+    attn_decode_plan(p, nstream, nsm, AD_SPLIT_BPSM, AD_SPLIT_MIN_TILES);
     const int64_t nsplit = p.nsplit;
 
     p.q = (const char *) q->data;
