@@ -14,12 +14,10 @@
 #      so it cannot time the fused chain; end to end does, step 4)
 #   4. 8B shape decode, FA off, tg128 at depths 0/8K/32K: f16/f16, q4_0/q4_0 and q8_0/q8_0 fused and (unless
 #      SEPARATE=0) unfused, with the fused attention's count per config (LLAMA_VQ_CUDA_FUSION_STATS=1); with AB=1 also
-#      q4_0 and q8_0 fused with 0040 off (the f32 V*P), with AB=2 q4_0 with one tile buffer (0036's pipeline off) and
-#      without the output tail (0037 off), with AB=3 q4_0 without 0043's programmatic dependent launch of the fused
-#      kernels (LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0), without 0044's K rope fold (LLAMA_VQ_CUDA_FUSE_ROPE=0) and without both,
-#      and q8_0 without both; ratios to f16/f16
-#   5. (time left; runs after 7) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused, separate,
-#      separate with V*P on TF32 (how far precision alone moves it); q8_0/q8_0 fused and separate; FA on (FA_ON=1)
+#      q4_0 and q8_0 fused with 0040 off (the f32 V*P); ratios to f16/f16. (AB=2, AB=3 and the split rows went with
+#      their measuring switches, issue 25: docs/knobs.md)
+#   5. (time left; runs after 7) KL from f16 with 8-token batches (where 0023 fires): q4_0/q4_0 fused and separate
+#      (the row with V*P on TF32 went with LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS); q8_0/q8_0 fused and separate; FA on (FA_ON=1)
 #   6. (NCU=1) ncu's full set for one launch of the fused kernel and one of its combine at 32K
 #   7. (MIMO=1; runs before 5) the MiMo shape (tools/synth_models.py mimo --preset attn: GQA 16 full layers, GQA 8 sliding-window
 #      layers, sinks), tg128 at 0/32K/64K, one repetition: f16/f16, the production types q8_0 K / q4_1 V fused and
@@ -33,9 +31,8 @@
 # CPU backend, 16 threads, the rest of the model on the GPU (mixed K/V types, q8_0 K / q4_1 V, have CUDA FA kernels
 # only with GGML_CUDA_FA_ALL_QUANTS, which this build does not set: that row's FA runs on the CPU either way);
 # PROD=1 adds q8_0 K / q4_1 V rows), NCU=1 (step 6),
-# TESTS=0 (skip step 2: only where an earlier call on the same machine passed it), SEPARATE=0, AB=1 or 2,
-# BPSM_AB="N ..." (q4_0 fused with the splits aimed at N blocks per SM), MT_AB="N ..." (and with at least N tiles per
-# split) and BENCH=0 (step 4: BENCH=0 skips it), MIMO=1 (step 7; its model is generated in the background from the
+# TESTS=0 (skip step 2: only where an earlier call on the same machine passed it), SEPARATE=0, AB=1,
+# and BENCH=0 (step 4: BENCH=0 skips it), MIMO=1 (step 7; its model is generated in the background from the
 # start, also with MIMO_GEN=1 alone, so that a later call on the same machine finds it).
 set -u
 . "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
@@ -157,24 +154,10 @@ bench f16 f16 f16
 bench q4_0 q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
 if [ "${AB:-}" = 1 ]; then
     bench q4_0-f32vp q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0
-elif [ "${AB:-}" = 3 ]; then
-    bench q4_0-nopdl q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0
-    bench q4_0-norope q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSE_ROPE=0
-    bench q4_0-no4344 q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0 LLAMA_VQ_CUDA_FUSE_ROPE=0
-elif [ "${AB:-}" = 2 ]; then
-    bench q4_0-1buf q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_NBUF=1
-    bench q4_0-notail q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_TAIL=0
 fi
 [ "${SEPARATE:-1}" = 0 ] || bench q4_0-unfused q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 bench q8_0 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1
 [ "${AB:-}" != 1 ] || bench q8_0-f32vp q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0
-[ "${AB:-}" != 3 ] || bench q8_0-no4344 q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_PDL=0 LLAMA_VQ_CUDA_FUSE_ROPE=0
-for n in ${BPSM_AB:-}; do
-    bench "q4_0-bpsm$n" q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_BPSM="$n"
-done
-for n in ${MT_AB:-}; do
-    bench "q4_0-mt$n" q4_0 q4_0 LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MIN_TILES="$n"
-done
 [ "${SEPARATE:-1}" = 0 ] || bench q8_0-unfused q8_0 q8_0 LLAMA_VQ_CUDA_FUSED_ATTN=0
 ratios "$OUT/bench.txt"
 fi
@@ -220,9 +203,6 @@ ppl q4_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q4_0 -ctv q4_0 --kl-divergence
 [ "${AB:-}" != 1 ] || ppl q4_0-fused-f32vp LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 -- -ctk q4_0 -ctv q4_0 \
     --kl-divergence
 pplfa q4_0-fa-on-$fa_where -ctk q4_0 -ctv q4_0
-# how far a change of V*P's precision alone moves this model's q4_0 KL (the separate ops, V*P on the TF32 GEMM)
-[ -n "${FAST:-}" ] || ppl q4_0-separate-tf32 LLAMA_VQ_CUDA_FUSED_ATTN=0 LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS=1 -- \
-    -ctk q4_0 -ctv q4_0 --kl-divergence
 # q8_0 adds little error of its own: the clean view of what the fused path (its int8 queries) adds
 [ "${SEPARATE:-1}" = 0 ] || ppl q8_0-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -ctk q8_0 -ctv q8_0 --kl-divergence
 ppl q8_0-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -ctk q8_0 -ctv q8_0 --kl-divergence

@@ -132,7 +132,7 @@ def provenance() -> dict:
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--", "patches"],
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "patches", "native/ggml"],
             capture_output=True,
             text=True,
         ).stdout.strip()

@@ -1,23 +1,23 @@
 #!/usr/bin/env python3
-"""Manage llama-vq's patch series against the pristine vendor/llama.cpp (quilt-like, DEP-3 headers).
+"""llama-vq's changes to the pristine vendor/llama.cpp: our own source files (native/) and a patch queue
+(patches/, DEP-3 headers, quilt's `series`). docs/patches.md has the workflow.
 
-    python tools/patches.py check                 # the series applies cleanly to the pristine tree
-    python tools/patches.py apply [--dir D]       # working copy in D (default .dev/llama.cpp), a git
-                                                  # repo with one commit per patch, for development
-    python tools/patches.py refresh NAME [--dir D]
-                                                  # regenerate patch NAME from the working copy: NAME
-                                                  # must be the topmost patch, or a new name (appended
-                                                  # to the series with a DEP-3 header to fill in)
-    python tools/patches.py export DEST           # build-tree copy: pristine + series (used by CMake)
+    python tools/patches.py export DEST      # build-tree copy (CMake): pristine + native sources + series
+    python tools/patches.py check            # the same in a temporary directory: does the series apply?
+    python tools/patches.py import [--dir D] # the queue as a git branch in D (default .dev/llama.cpp)
+    python tools/patches.py write [--dir D]  # write the branch back: patches/, series, native/
+    python tools/patches.py rebase NEW [--dir D] | --continue
+                                             # move the branch onto another pristine llama.cpp tree (git rebase)
+    python tools/patches.py lint             # the queue's rules (docs/patches.md); the test suite runs it
+    python tools/patches.py digest DIR       # sha256 of a tree: every file's path and content, sorted
 
-A patch that does not apply stops everything with its name and the tool's message. The pristine
-tree is never modified.
+Export order: (1) copy the pristine tree, (2) place our sources (NATIVE_MAP), (3) apply the series. A patch that
+does not apply stops everything with its name. The pristine tree is never modified.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import os
 import shutil
@@ -27,23 +27,28 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _pin import PATCHES, ROOT, SERIES, STAMP_NAME, VENDOR, read_pin, read_series  # noqa: E402
+from _pin import PATCHES, ROOT, STAMP_NAME, VENDOR, read_pin, read_series  # noqa: E402
 
-# Parts of the upstream tree that no build of ours reads; left out of build-tree copies.
+# Our own source files and where the export places them in the llama.cpp tree: native/<key>/X -> <value>/X,
+# sub-folders kept, file names unchanged (tests and tools read a kernel from native/ by its exported name).
+# The only place this mapping is written down (docs/patches.md points here). ggml-cuda and ggml-hip compile
+# every *.cu of ggml/src/ggml-cuda by glob: a new kernel file needs no CMake change.
+NATIVE_MAP = {
+    "native/ggml/ggml-cuda": "ggml/src/ggml-cuda",
+    "native/ggml/ggml-cpu": "ggml/src/ggml-cpu",
+    "native/ggml/tests": "tests",
+    "native/llama/src": "src",
+}
+
+# Parts of the upstream tree that no build of ours reads; left out of build-tree copies and of the queue.
 SKIP_DIRS = {".git", ".github", ".devops", "models", "docs", "media", "benches", "app", "skills", "gguf-py",
              "conversion", "pocs", "requirements", "licenses", "grammars", "ci"}
 DEFAULT_DEV = ROOT / ".dev" / "llama.cpp"
+STAMP_EXPORT = ".llama-vq-series"
 
 
 class PatchError(RuntimeError):
     pass
-
-
-def _run(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise PatchError(f"`{' '.join(cmd)}` failed in {cwd}:\n{proc.stdout}{proc.stderr}")
-    return proc
 
 
 def _require_vendor() -> None:
@@ -54,58 +59,111 @@ def _require_vendor() -> None:
                          "Fix: run `python tools/vendor.py fetch`.")
 
 
-def _copy_tree(dest: Path, full: bool = False) -> None:
+def copy_pristine(dest: Path, src: Path = VENDOR) -> None:
+    """src (a pristine llama.cpp tree) into dest, without SKIP_DIRS at its top."""
     def ignore(directory: str, names: list[str]) -> set[str]:
-        if full or Path(directory) != VENDOR:
-            return {".git"} & set(names)
-        return SKIP_DIRS & set(names)
+        return (SKIP_DIRS if Path(directory) == src else {".git"}) & set(names)
 
-    shutil.copytree(VENDOR, dest, ignore=ignore, symlinks=True)
+    shutil.copytree(src, dest, ignore=ignore, symlinks=True)
 
 
-def _apply_one(tree: Path, patch: Path) -> None:
+def native_files(root: Path = ROOT) -> dict[str, Path]:
+    """Tree-relative path -> our source file, for every file under NATIVE_MAP's folders."""
+    out: dict[str, Path] = {}
+    for ours, theirs in NATIVE_MAP.items():
+        base = root / ours
+        if not base.is_dir():
+            continue
+        for p in sorted(base.rglob("*")):
+            if p.is_file():
+                out[f"{theirs}/{p.relative_to(base).as_posix()}"] = p
+    return out
+
+
+def tree_path_to_native(rel: str) -> str | None:
+    """ggml/src/ggml-cuda/X -> native/ggml/ggml-cuda/X (None outside NATIVE_MAP's folders)."""
+    for ours, theirs in NATIVE_MAP.items():
+        if rel.startswith(theirs + "/"):
+            return f"{ours}/{rel[len(theirs) + 1:]}"
+    return None
+
+
+def place_native(tree: Path, root: Path = ROOT) -> list[str]:
+    """Copy our sources into tree; an upstream file of the same path is an error (patches change those)."""
+    placed = []
+    for rel, src in native_files(root).items():
+        dest = tree / rel
+        if dest.exists():
+            raise PatchError(f"{src.relative_to(root)} would replace llama.cpp's own {rel}. "
+                             "Fix: give our file another name, or change upstream's file with a patch.")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        placed.append(rel)
+    return placed
+
+
+def apply_one(tree: Path, patch: Path) -> None:
     """Apply one -p1 patch with no fuzz; raise PatchError naming it when it does not apply."""
     if not patch.exists():
         raise PatchError(f"patch {patch.name} is listed in patches/series but patches/{patch.name} is missing")
-    git = shutil.which("git")
-    if git:
-        cmd = [git, "apply", "-p1", "--whitespace=nowarn", str(patch)]
-        env_dir = tree
-    else:
-        cmd = ["patch", "-p1", "--batch", "--forward", "--fuzz=0", "-i", str(patch)]
-        env_dir = tree
     # GIT_DIR points nowhere so that `git apply` never looks at an enclosing repository.
     env = dict(os.environ, GIT_DIR=str(tree / ".no-git"), GIT_CEILING_DIRECTORIES=str(tree.parent))
-    proc = subprocess.run(cmd, cwd=env_dir, capture_output=True, text=True, env=env)
+    proc = subprocess.run(["git", "apply", "-p1", "--whitespace=nowarn", str(patch)], cwd=tree,
+                          capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise PatchError(f"patch {patch.name} does not apply to the pinned llama.cpp:\n"
                          f"{(proc.stdout + proc.stderr).strip()}\n"
-                         f"Fix: rebase it with `python tools/patches.py apply` and `refresh {patch.name}`.")
+                         "Fix: `python tools/patches.py import`, repair it there (git rebase -i), then `write`.")
+
+
+_apply_one = apply_one  # the name older tests use
 
 
 def series_digest() -> str:
     h = hashlib.sha256(read_pin().stamp.encode())
+    for rel, src in native_files().items():
+        h.update(b"native\0" + rel.encode() + b"\0" + src.read_bytes())
     for name in read_series():
         h.update(name.encode())
         h.update((PATCHES / name).read_bytes())
     return h.hexdigest()
 
 
+def tree_digest(tree: Path) -> str:
+    """sha256 over every file of tree (path and content, sorted by path; a symlink by its target), without
+    export's stamp: two exports with the same digest are the same tree, byte for byte."""
+    h = hashlib.sha256()
+    files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file() or p.is_symlink())
+    for rel in files:
+        if rel == STAMP_EXPORT:
+            continue
+        p = tree / rel
+        data = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+        h.update(rel.encode() + b"\0" + hashlib.sha256(data).hexdigest().encode() + b"\n")
+    return h.hexdigest()
+
+
+def build_tree(dest: Path) -> list[str]:
+    """Pristine copy + our sources + series in dest (which must not exist)."""
+    copy_pristine(dest)
+    place_native(dest)
+    names = read_series()
+    for name in names:
+        apply_one(dest, PATCHES / name)
+    return names
+
+
 def export(dest: Path) -> list[str]:
-    """Pristine copy + series in dest; reuses dest unchanged when pin and series are the same."""
+    """The build-tree copy in dest; reuses dest unchanged when pin, sources and series are the same."""
     _require_vendor()
     digest = series_digest()
-    stamp = dest / ".llama-vq-series"
+    stamp = dest / STAMP_EXPORT
     if stamp.exists() and stamp.read_text() == digest:
         return read_series()
     tmp = dest.parent / (dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    _copy_tree(tmp)
-    names = read_series()
-    for name in names:
-        _apply_one(tmp, PATCHES / name)
-    stamp_tmp = tmp / ".llama-vq-series"
-    stamp_tmp.write_text(digest)
+    names = build_tree(tmp)
+    (tmp / STAMP_EXPORT).write_text(digest)
     if dest.exists():
         _sync(tmp, dest)
         shutil.rmtree(tmp)
@@ -133,97 +191,38 @@ def _sync(src: Path, dest: Path) -> None:
 def check() -> list[str]:
     _require_vendor()
     with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "llama.cpp"
-        _copy_tree(tree)
-        names = read_series()
-        for name in names:
-            _apply_one(tree, PATCHES / name)
-    return names
-
-
-def _git(tree: Path, *args: str) -> str:
-    env_args = ["-c", "user.name=llama-vq", "-c", "user.email=llama-vq@localhost", "-c", "core.autocrlf=false"]
-    return _run(["git", *env_args, *args], cwd=tree).stdout
-
-
-def apply(dev: Path) -> None:
-    _require_vendor()
-    if dev.exists():
-        raise PatchError(f"{dev} exists. Refresh what you need from it, then delete it and run apply again.")
-    dev.parent.mkdir(parents=True, exist_ok=True)
-    _copy_tree(dev, full=True)
-    _git(dev, "init", "-q")
-    _git(dev, "add", "-A")
-    _git(dev, "commit", "-q", "-m", "pristine")
-    for name in read_series():
-        _apply_one(dev, PATCHES / name)
-        _git(dev, "add", "-A")
-        _git(dev, "commit", "-q", "--allow-empty", "-m", name)
-    print(f"working copy at {dev}: pristine + {len(read_series())} patch(es), one commit each")
+        return build_tree(Path(tmp) / "llama.cpp")
 
 
 def _header(patch: Path) -> str:
+    """The DEP-3 header: every line before the `---` line that ends it (or before the diff)."""
     lines = []
     for line in patch.read_text().splitlines(keepends=True):
-        if line.startswith("diff --git ") or line.startswith("--- "):
+        if line.rstrip("\n") == "---" or line.startswith("diff --git ") or line.startswith("--- "):
             break
         lines.append(line)
     return "".join(lines)
 
 
-def _touch_last_update(header: str) -> str:
-    today = datetime.date.today().isoformat()
-    out = []
-    for line in header.splitlines(keepends=True):
-        out.append(f"Last-Update: {today}\n" if line.startswith("Last-Update:") else line)
-    return "".join(out)
-
-
-def refresh(name: str, dev: Path) -> None:
-    if not dev.exists():
-        raise PatchError(f"no working copy at {dev}: run `python tools/patches.py apply` first")
-    names = read_series()
-    log = _git(dev, "log", "--format=%s").split("\n")
-    top = log[0].strip()
-    if name in names:
-        if top != name:
-            raise PatchError(f"{name} is not the topmost applied patch ({top}); refresh works on the top one. "
-                             "Fix: move your change into a new patch, or reorder the series by hand.")
-        base = "HEAD~1"
-    else:
-        base = "HEAD"
-    _git(dev, "add", "-A")
-    diff = _git(dev, "diff", "--cached", "--no-color", "--no-ext-diff", "--src-prefix=a/", "--dst-prefix=b/",
-                base)
-    if not diff.strip():
-        raise PatchError(f"no changes for {name} in {dev}")
-    path = PATCHES / name
-    if path.exists():
-        header = _touch_last_update(_header(path))
-    else:
-        header = (f"Description: <what and why, a few lines>\nAuthor: llama-vq developers\n"
-                  f"Forwarded: not-needed\nLast-Update: {datetime.date.today().isoformat()}\n---\n")
-    path.write_text(header + diff)
-    if name not in names:
-        with SERIES.open("a") as f:
-            f.write(name + "\n")
-        _git(dev, "commit", "-q", "-m", name)
-    else:
-        _git(dev, "commit", "-q", "--amend", "-m", name)
-    print(f"refreshed patches/{name}")
-
-
 def main(argv: list[str] | None = None) -> int:
+    import _lint
+    import _patch_queue
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("check")
-    a = sub.add_parser("apply")
-    a.add_argument("--dir", type=Path, default=DEFAULT_DEV)
-    r = sub.add_parser("refresh")
-    r.add_argument("name")
-    r.add_argument("--dir", type=Path, default=DEFAULT_DEV)
     e = sub.add_parser("export")
     e.add_argument("dest", type=Path)
+    for verb in ("import", "write", "apply"):  # apply: the old name of import
+        sub.add_parser(verb).add_argument("--dir", type=Path, default=DEFAULT_DEV)
+    sub.add_parser("refresh").add_argument("name", nargs="?")
+    r = sub.add_parser("rebase")
+    r.add_argument("new", type=Path, nargs="?", help="a pristine llama.cpp tree (e.g. another sdist's vendor/)")
+    r.add_argument("--continue", dest="cont", action="store_true")
+    r.add_argument("--dir", type=Path, default=DEFAULT_DEV)
+    sub.add_parser("lint")
+    d = sub.add_parser("digest")
+    d.add_argument("tree", type=Path)
     args = ap.parse_args(argv)
     try:
         if args.command == "check":
@@ -231,18 +230,34 @@ def main(argv: list[str] | None = None) -> int:
             print(f"series applies cleanly: {len(names)} patch(es)")
             for n in names:
                 print(f"  {n}")
-        elif args.command == "apply":
-            apply(args.dir.resolve())
-        elif args.command == "refresh":
-            refresh(args.name, args.dir.resolve())
         elif args.command == "export":
             names = export(args.dest.resolve())
             print(f"patched tree at {args.dest} ({len(names)} patch(es))")
-    except PatchError as e:
-        print(f"llama-vq: error: {e}", file=sys.stderr)
+        elif args.command in ("import", "apply"):
+            _patch_queue.import_queue(args.dir.resolve())
+        elif args.command == "refresh":
+            raise PatchError("refresh is gone: commit your change in the queue (git commit --fixup, rebase -i), "
+                             "then `python tools/patches.py write` (docs/patches.md)")
+        elif args.command == "write":
+            _patch_queue.write_queue(args.dir.resolve())
+        elif args.command == "rebase":
+            _patch_queue.rebase(args.dir.resolve(), args.new.resolve() if args.new else None, args.cont)
+        elif args.command == "lint":
+            problems = _lint.lint()
+            for p in problems:
+                print(p)
+            print(f"lint: {len(problems)} problem(s) in {len(read_series())} patch(es)")
+            return 1 if problems else 0
+        elif args.command == "digest":
+            print(tree_digest(args.tree))
+    except PatchError as err:
+        print(f"llama-vq: error: {err}", file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # one module object `patches` for this file, whether run or imported (_patch_queue and _lint import it)
+    import patches
+
+    sys.exit(patches.main())

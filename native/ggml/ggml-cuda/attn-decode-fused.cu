@@ -1,0 +1,1199 @@
+#include "attn-decode-fused.cuh"
+#include "cp-async.cuh"
+#include "dequantize-x8.cuh"
+
+// One block = (split of the cells, KV head x tile of <= 32 query columns, stream), 128 threads, no warp-size
+// assumption beyond shuffles of width 4 and 32 (which divide 32- and 64-wide wavefronts), every thread reaching
+// every shuffle. Query column col (0 .. n_tokens*gqa) = token col % n_tokens of head h*gqa + col / n_tokens.
+// Per tile of AD_TC cells:
+//   A. scores: AD_TPR threads per cell, each dequantizes 8 K values at a time (once per chunk of CG columns) and
+//      multiplies them with the queries staged in shared memory, two cells per thread group so that a query read
+//      serves both; s = dot*scale + mask
+//   B. online softmax: per column, the tile max, the new running max m, p = exp(s - m) (in place), the tile sum,
+//      and the factor exp(m_old - m) that rescales the running sum and the accumulators
+//   C. V*P: each thread owns 8 values of d_v for a chunk of CG columns and a phase of the cells; V dequantized once
+//      per (cell, chunk)
+// f32 throughout. At the end the phases are summed in a fixed order in shared memory; one split: normalized
+// (sinks join the max and the sum) and written; several: partial (m, l, o) per split, then k_attn_decode_combine.
+// The tile's K and V rows are staged in shared memory by the whole block (0032), in units of 16/8/4/2 bytes (the
+// widest that the rows' size and strides allow): with cp.async where available (NVIDIA sm_80+) into two buffers, the
+// next tile's K and V loading while this tile's three phases run; elsewhere by plain loads into one buffer, 4 units per
+// thread in flight. The phases then read only shared memory (and the mask, loaded ahead of the scores' dot products).
+
+#define AD_NT  128 // threads per block
+#define AD_TC  64  // cells per tile
+#define AD_CT  32  // query columns per block
+#define AD_TPR 4   // threads per K row in the scores phase
+#define AD_BLOCK_BYTES(type) ((type) == GGML_TYPE_Q4_0 ? 18 : (type) == GGML_TYPE_Q4_1 ? 20 : 34) // q4_0, q4_1, q8_0
+// blocks per SM the register allocation keeps room for: on NVIDIA (sm_90, 0032) 5 for <= 4-column chunks (<= 102
+// registers; 128 unbounded), 3 for 8 (168); on AMD none (a bound spills there: gfx90a keeps ~100 / ~170 / ~250 VGPRs)
+// tile buffers the kernel's code has: 2 where cp.async exists (NVIDIA sm_80+; the CPU emulation of the tests defines
+// AD_TWO_BUFFERS to run that code with plain loads), else 1 (the second buffer's code compiled out)
+#if defined(CP_ASYNC_AVAILABLE) || defined(AD_TWO_BUFFERS)
+#define AD_NBUF_MAX 2
+#else
+#define AD_NBUF_MAX 1
+#endif // defined(CP_ASYNC_AVAILABLE) || defined(AD_TWO_BUFFERS)
+#ifdef GGML_USE_HIP
+#define AD_MIN_BLOCKS(CG) 1
+#else
+#define AD_MIN_BLOCKS(CG) ((CG) <= 4 ? 5 : 3)
+#endif // GGML_USE_HIP
+
+// the tensor-core V*P (0040): its layout constants, the two instructions and the phase's device functions
+#include "attn-decode-vmma.cuh"
+
+// how the threads walk the staging units of a tile (rows of rb bytes in units of `unit` bytes): unit i = threadIdx.x +
+// k*AD_NT is byte o*unit of row r = i/upr, (r, o) stepped by (dr, dox); planned on the host (attn_decode_stage_geo), so
+// that the kernel divides nothing (0038: three integer divisions per call, two calls per tile before); the thread's
+// first row is (threadIdx.x*mg) >> 16 with mg = ceil(2^16/upr), exact for threadIdx.x < AD_NT and upr < 2^9
+struct ad_stage_geo {
+    int unit, rb, upr, dr, dox, mg;
+};
+
+struct attn_decode_params {
+    const char  * q;
+    const char  * k;
+    const char  * v;
+    const char  * mask;
+    const float * sinks;
+    float       * dst;
+    float       * part_o;  // [n_stream][n_head_kv][nsplit][ncols][d_v]
+    float2      * part_ml; // [n_stream][n_head_kv][nsplit][ncols] (running max, running sum)
+
+    int dk, dv, n_kv, n_head_kv, gqa, ntok, ncols, ntiles, nsplit, cps, hadamard_n;
+    int nbuf;     // K and V tile buffers: 2 (the next tile's copies in flight during this tile's phases) or 1
+    int out_rot;  // > 0: every out_rot-segment of an output row is Hadamard-rotated before it is written (0037)
+    int rbk, rbv; // bytes of a K / V row (one cell of one KV head)
+    int uk, uv;   // bytes per staging unit of K / V (16, 8, 4 or 2)
+    ad_stage_geo gk, gv; // the staging walks of K and V (attn_decode_stage_plan)
+    int m_ne2, m_ne3;
+    float scale;
+
+    int64_t q_nb1, q_nb2, q_nb3;      // bytes
+    int64_t k_nb1, k_nb2, k_nb3;      // bytes
+    int64_t v_nb1, v_nb2, v_nb3;      // bytes
+    int64_t m_nb1, m_nb2, m_nb3;      // bytes
+    int64_t d_s1, d_s2, d_s3;         // floats
+};
+
+template <typename mask_t>
+static __device__ __forceinline__ float attn_decode_mask_value(const char * row, const int cell) {
+    if constexpr (std::is_same_v<mask_t, half>) {
+        return __half2float(((const half *) row)[cell]);
+    } else {
+        return ((const float *) row)[cell];
+    }
+}
+
+// copy rows [0, tn) of g.rb bytes each (global: src + r*nb; shared: dst + r*rb) in units of g.unit bytes, all threads of
+// the block; with cp.async the copies are only issued (ad_commit + ad_wait complete them), else done on return
+static __device__ __forceinline__ void ad_stage(char * dst, const char * src, const int64_t nb, const ad_stage_geo & g,
+        const int tn) {
+    const int unit = g.unit;
+    const int rb   = g.rb;
+    const int upr  = g.upr;
+    const int n    = tn*upr;
+    const int dr   = g.dr;
+    const int dox  = g.dox;
+    int r = (int) ((threadIdx.x*(unsigned) g.mg) >> 16);
+    int o = threadIdx.x - r*upr;
+#ifdef CP_ASYNC_AVAILABLE
+    const unsigned int dsts = ggml_cuda_cvta_generic_to_shared(dst);
+    for (int i = threadIdx.x; i < n; i += AD_NT) {
+        const unsigned int d = dsts + r*rb + o*unit;
+        const char       * g = src + r*nb + o*unit;
+        if (unit == 16) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(d), "l"(g));
+        } else if (unit == 8) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" : : "r"(d), "l"(g));
+        } else if (unit == 4) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(d), "l"(g));
+        } else {
+            // 2-byte units (rows of an odd number of q4_0 blocks): plain copies
+            *(unsigned short *) (dst + r*rb + o*unit) = *(const unsigned short *) g;
+        }
+        r += dr;
+        o += dox;
+        if (o >= upr) {
+            o -= upr;
+            ++r;
+        }
+    }
+#else
+    // plain loads, 4 per thread in flight (no barrier or shuffle inside: uniform trip counts not needed)
+    constexpr int NU = 4;
+    for (int i0 = 0; i0 < n; i0 += NU*AD_NT) {
+        int4 buf[NU];
+        int  ro[NU][2];
+#pragma unroll
+        for (int u = 0; u < NU; ++u) {
+            ro[u][0] = r;
+            ro[u][1] = o*unit;
+            if (i0 + u*AD_NT + (int) threadIdx.x < n) {
+                const char * g = src + r*nb + o*unit;
+                if (unit == 16) {
+                    buf[u] = *(const int4 *) g;
+                } else if (unit == 8) {
+                    const int2 t = *(const int2 *) g;
+                    buf[u].x = t.x; buf[u].y = t.y;
+                } else if (unit == 4) {
+                    buf[u].x = *(const int *) g;
+                } else {
+                    buf[u].x = *(const unsigned short *) g;
+                }
+            }
+            r += dr;
+            o += dox;
+            if (o >= upr) {
+                o -= upr;
+                ++r;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NU; ++u) {
+            if (i0 + u*AD_NT + (int) threadIdx.x < n) {
+                char * d = dst + ro[u][0]*rb + ro[u][1];
+                if (unit == 16) {
+                    *(int4 *) d = buf[u];
+                } else if (unit == 8) {
+                    *(int2 *) d = make_int2(buf[u].x, buf[u].y);
+                } else if (unit == 4) {
+                    *(int *) d = buf[u].x;
+                } else {
+                    *(unsigned short *) d = (unsigned short) buf[u].x;
+                }
+            }
+        }
+    }
+#endif // CP_ASYNC_AVAILABLE
+}
+
+// close the group of copies issued since the last commit
+static __device__ __forceinline__ void ad_commit() {
+#ifdef CP_ASYNC_AVAILABLE
+    asm volatile("cp.async.commit_group;");
+#endif // CP_ASYNC_AVAILABLE
+}
+
+// wait until all of this thread's copies have landed (a __syncthreads must follow)
+static __device__ __forceinline__ void ad_wait_all() {
+#ifdef CP_ASYNC_AVAILABLE
+    asm volatile("cp.async.wait_all;");
+#endif // CP_ASYNC_AVAILABLE
+}
+
+// wait until at most the newest group of this thread's copies is pending (a __syncthreads must follow)
+static __device__ __forceinline__ void ad_wait_all_but_newest() {
+#ifdef CP_ASYNC_AVAILABLE
+    asm volatile("cp.async.wait_group 1;");
+#endif // CP_ASYNC_AVAILABLE
+}
+
+// the block's query columns staged for K*Q: the queries (padded columns 0, scaled by 1/sqrt(n) and rotated in place
+// for a rotated K cache, as mmvq-short), then as int8 per 32 values, as ggml's q8_0/q8_1 (d = amax/127,
+// q = round(x/d), and d*sum(q)), so that K*Q runs on dp4a with the K blocks' own integers as the CPU's vec_dot and
+// upstream's mmvq do for these types; the columns' mask rows and the running state (max, sum, rescale factor).
+// Ends with a barrier.
+static __device__ __forceinline__ void ad_load_queries(const attn_decode_params & p, float * q_sh, int * qi_sh,
+        float2 * qd_sh, int64_t * moff, float * m_sh, float * l_sh, float * a_sh, const int col0, const int nc,
+        const int ncp, const int h, const int s) {
+    const int tid = threadIdx.x;
+    const float yscale = p.hadamard_n > 0 ? rsqrtf((float) p.hadamard_n) : 1.0f;
+    for (int i = tid; i < ncp*p.dk; i += AD_NT) {
+        const int c  = i / p.dk;
+        const int i0 = i - c*p.dk;
+        float val = 0.0f;
+        if (c < nc) {
+            const int col  = col0 + c;
+            const int tok  = col % p.ntok;
+            const int head = h*p.gqa + col / p.ntok;
+            val = *(const float *) (p.q + i0*sizeof(float) + tok*p.q_nb1 + head*p.q_nb2 + s*p.q_nb3) * yscale;
+        }
+        q_sh[i] = val;
+    }
+    if (tid < AD_CT) {
+        const int col  = min(col0 + tid, p.ncols - 1);
+        const int tok  = col % p.ntok;
+        const int head = h*p.gqa + col / p.ntok;
+        moff[tid] = tok*p.m_nb1 + (head % p.m_ne2)*p.m_nb2 + (s % p.m_ne3)*p.m_nb3;
+        m_sh[tid] = -INFINITY;
+        l_sh[tid] = 0.0f;
+        a_sh[tid] = 1.0f;
+    }
+    __syncthreads();
+
+    if (p.hadamard_n > 0) {
+        // Walsh-Hadamard transform of every hadamard_n-segment (d_k is a multiple of it)
+        const int npairs = ncp*p.dk/2;
+        for (int hh = 1; hh < p.hadamard_n; hh *= 2) {
+            for (int pr = tid; pr < npairs; pr += AD_NT) {
+                const int i = (pr/hh)*(2*hh) + pr%hh;
+                const float a = q_sh[i];
+                const float b = q_sh[i + hh];
+                q_sh[i]      = a + b;
+                q_sh[i + hh] = a - b;
+            }
+            __syncthreads();
+        }
+    }
+
+    const int nbk = p.dk/32;
+    for (int i = tid; i < ncp*nbk; i += AD_NT) {
+        const float * x = q_sh + i*32; // column i / nbk, block i % nbk
+        float amax = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 32; ++l) {
+            amax = fmaxf(amax, fabsf(x[l]));
+        }
+        const float d  = amax/127.0f;
+        const float id = d != 0.0f ? 1.0f/d : 0.0f;
+        int sumq = 0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) {
+            int packed = 0;
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                const int qv = (int) roundf(x[4*w + l]*id);
+                sumq   += qv;
+                packed |= (qv & 0xFF) << (8*l);
+            }
+            qi_sh[i*8 + w] = packed;
+        }
+        qd_sh[i] = make_float2(d, d*sumq);
+    }
+    __syncthreads();
+}
+
+// a 32-value K block's integers, 4 per int (q4: the low nibbles = values 0..15 in kw[0..3], the high = 16..31 in
+// kw[4..7]), its scale d and (q4_1) its minimum m
+template <ggml_type type_k>
+static __device__ __forceinline__ void ad_k_block(const char * blk, int * kw, float & d, float & m) {
+    if constexpr (type_k == GGML_TYPE_Q8_0) {
+        d = __half2float(((const block_q8_0 *) blk)->d);
+        m = 0.0f;
+        ggml_cuda_memcpy_1<16, 2>(kw + 0, ((const block_q8_0 *) blk)->qs + 0);
+        ggml_cuda_memcpy_1<16, 2>(kw + 4, ((const block_q8_0 *) blk)->qs + 16);
+    } else {
+        int qs[4];
+        if constexpr (type_k == GGML_TYPE_Q4_1) {
+            const float2 dm = __half22float2(((const block_q4_1 *) blk)->dm);
+            d = dm.x;
+            m = dm.y;
+            ggml_cuda_memcpy_1<16, 4>(qs, ((const block_q4_1 *) blk)->qs);
+        } else {
+            d = __half2float(((const block_q4_0 *) blk)->d);
+            m = 0.0f;
+            ggml_cuda_memcpy_1<16, 2>(qs, ((const block_q4_0 *) blk)->qs);
+        }
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            kw[w + 0] = qs[w] & 0x0F0F0F0F;
+            kw[w + 4] = (qs[w] >> 4) & 0x0F0F0F0F;
+        }
+    }
+}
+
+// one K block (ad_k_block) times one query column's int8 block (y0, y1; ds = (d_q, d_q*sum(q))): 8 dp4a, one scale
+template <ggml_type type_k>
+static __device__ __forceinline__ float ad_kq_block(const int * kw, const float kd, const float km, const int4 y0,
+        const int4 y1, const float2 ds) {
+    int si = 0;
+    si = ggml_cuda_dp4a(kw[0], y0.x, si);
+    si = ggml_cuda_dp4a(kw[1], y0.y, si);
+    si = ggml_cuda_dp4a(kw[2], y0.z, si);
+    si = ggml_cuda_dp4a(kw[3], y0.w, si);
+    si = ggml_cuda_dp4a(kw[4], y1.x, si);
+    si = ggml_cuda_dp4a(kw[5], y1.y, si);
+    si = ggml_cuda_dp4a(kw[6], y1.z, si);
+    si = ggml_cuda_dp4a(kw[7], y1.w, si);
+    if constexpr (type_k == GGML_TYPE_Q4_0) {
+        return kd*(ds.x*si - 8.0f*ds.y); // d_k * sum((n - 8) * q) * d_q
+    } else if constexpr (type_k == GGML_TYPE_Q4_1) {
+        return kd*ds.x*si + km*ds.y;     // sum((d_k n + m_k) * q * d_q)
+    } else {
+        return kd*ds.x*si;
+    }
+}
+
+// online softmax of a tile, per column (G threads each; threads past the last column repeat its work and write
+// nothing): the tile max, the new running max, p = exp(s - m) in place, the tile sum, and the factor exp(m_old - m)
+// that rescales the running sum and the accumulators; with PT (0040) p also as f16 into pt [column][AD_PTS] (cells
+// past tn: 0)
+template <int G, bool PT>
+static __device__ __forceinline__ void ad_softmax_tile(float * s_sh, const int sst, float * m_sh, float * l_sh,
+        float * a_sh, half * pt, const int cb, const int lb, const bool bowner, const int tn) {
+    float mx = -INFINITY;
+    for (int c = lb; c < tn; c += G) {
+        mx = fmaxf(mx, s_sh[c*sst + cb]);
+    }
+    mx = warp_reduce_max<G>(mx);
+    const float m_old = m_sh[cb];
+    const float m_new = fmaxf(m_old, mx);
+    float sum = 0.0f;
+    for (int c = lb; c < AD_TC; c += G) {
+        const float sc = s_sh[c*sst + cb];
+        const float pr = c < tn && sc != -INFINITY ? expf(sc - m_new) : 0.0f;
+        sum += pr;
+        if (bowner) {
+            s_sh[c*sst + cb] = pr;
+            if constexpr (PT) {
+                pt[cb*AD_PTS + c] = __float2half(pr);
+            }
+        }
+    }
+    sum = warp_reduce_sum<G>(sum);
+    if (bowner && lb == 0) {
+        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        a_sh[cb] = alpha;
+        l_sh[cb] = l_sh[cb]*alpha + sum;
+        m_sh[cb] = m_new;
+    }
+}
+
+// every n-segment of x [len] (len a multiple of n) scaled by 1/sqrt(n) and Walsh-Hadamard transformed in place, by
+// all threads of the block, as the queries' rotation in ad_load_queries (0037: the inverse rotation of a rotated V
+// cache, applied to the attention's output rows). Starts and ends with a barrier.
+static __device__ __forceinline__ void ad_fwht_rows(float * x, const int len, const int n) {
+    __syncthreads();
+    const float sc = rsqrtf((float) n);
+    for (int i = threadIdx.x; i < len; i += AD_NT) {
+        x[i] *= sc;
+    }
+    __syncthreads();
+    for (int hh = 1; hh < n; hh *= 2) {
+        for (int pr = threadIdx.x; pr < len/2; pr += AD_NT) {
+            const int i = (pr/hh)*(2*hh) + pr%hh;
+            const float a = x[i];
+            const float b = x[i + hh];
+            x[i]      = a + b;
+            x[i + hh] = a - b;
+        }
+        __syncthreads();
+    }
+}
+
+// the block's result, o = q_sh [nc][dv] (the phases' sums): one split: normalized (a sink joins the max and the sum
+// only) into dst; several: the partial (o, max, sum) of this split for k_attn_decode_combine
+static __device__ __forceinline__ void ad_write_out(const attn_decode_params & p, float * q_sh,
+        const float * m_sh, const float * l_sh, const int col0, const int nc, const int h, const int s, const int z) {
+    const int64_t blk = ((int64_t) s*p.n_head_kv + h)*p.nsplit + z;
+    if (p.nsplit == 1 && p.out_rot > 0) {
+        // rotation and normalization commute (both linear per row): rotate the sums, normalize below
+        ad_fwht_rows(q_sh, nc*p.dv, p.out_rot);
+    }
+    for (int i = threadIdx.x; i < nc*p.dv; i += AD_NT) {
+        const int c   = i / p.dv;
+        const int i0  = i - c*p.dv;
+        const int col = col0 + c;
+        const float o = q_sh[c*p.dv + i0];
+        if (p.nsplit == 1) {
+            const int tok  = col % p.ntok;
+            const int head = h*p.gqa + col / p.ntok;
+            float f = 1.0f;
+            float l = l_sh[c];
+            if (p.sinks) {
+                const float sk = p.sinks[head];
+                const float m  = m_sh[c];
+                const float mn = fmaxf(m, sk);
+                f = m == -INFINITY ? 0.0f : expf(m - mn);
+                l = l*f + expf(sk - mn);
+            }
+            p.dst[tok*p.d_s1 + head*p.d_s2 + s*p.d_s3 + i0] = o*f/l;
+        } else {
+            p.part_o[(blk*p.ncols + col)*p.dv + i0] = o;
+            if (i0 == 0) {
+                p.part_ml[blk*p.ncols + col] = make_float2(m_sh[c], l_sh[c]);
+            }
+        }
+    }
+}
+
+// A. the scores of a tile: a group of AD_TPR threads computes the tile's rows rg + u*RPI (u < NR) together, so that
+// each int8 query block read from shared memory serves NR rows (uniform trip counts: the reduction shuffles within
+// groups of AD_TPR lanes); s = dot*scale + mask into s_sh [AD_TC][sst] (padded columns and rows past tn: 0)
+template <ggml_type type_k, int CG, int NR, typename mask_t>
+static __device__ __forceinline__ void ad_scores_tile(const attn_decode_params & p, const char * k_sh,
+        const int * qi_sh, const float2 * qd_sh, const int64_t * moff, float * s_sh, const int sst, const int nchunk,
+        const int nc, const int t0, const int tn) {
+    constexpr int RPI = AD_NT/AD_TPR;
+    const int rg  = threadIdx.x / AD_TPR;
+    const int ln  = threadIdx.x % AD_TPR;
+    const int nbk = p.dk/32; // K blocks per row
+    const char * krow[NR];
+    bool         rok[NR];
+#pragma unroll
+    for (int u = 0; u < NR; ++u) {
+        const int r = u*RPI + rg;
+        rok[u]  = r < tn;
+        krow[u] = k_sh + min(r, tn - 1)*p.rbk;
+    }
+
+    constexpr int NM = (CG + AD_TPR - 1)/AD_TPR; // columns whose score this thread writes, per row and chunk
+    for (int ch = 0; ch < nchunk; ++ch) {
+        // the mask values this thread adds (column c = ln + i*AD_TPR of the chunk), loaded before the dot products
+        // so that their latency overlaps them
+        float mv[NR][NM];
+#pragma unroll
+        for (int u = 0; u < NR; ++u) {
+#pragma unroll
+            for (int i = 0; i < NM; ++i) {
+                const int c   = ln + i*AD_TPR;
+                const int col = ch*CG + c;
+                mv[u][i] = 0.0f;
+                if (p.mask && c < CG && col < nc && rok[u]) {
+                    mv[u][i] = attn_decode_mask_value<mask_t>(p.mask + moff[col], t0 + u*RPI + rg);
+                }
+            }
+        }
+        float sum[NR][CG];
+#pragma unroll
+        for (int u = 0; u < NR; ++u) {
+#pragma unroll
+            for (int c = 0; c < CG; ++c) {
+                sum[u][c] = 0.0f;
+            }
+        }
+        // one 32-value block of the NR rows per step: its integers unpacked once (q4: low nibbles = values
+        // 0..15, high = 16..31, 4 per int), then 8 dp4a per row and column
+        for (int b = ln; b < nbk; b += AD_TPR) {
+            int   kw[NR][8];
+            float kd[NR];
+            float km[NR];
+#pragma unroll
+            for (int u = 0; u < NR; ++u) {
+                ad_k_block<type_k>(krow[u] + b*AD_BLOCK_BYTES(type_k), kw[u], kd[u], km[u]);
+            }
+#pragma unroll
+            for (int c = 0; c < CG; ++c) {
+                const int   qc = (ch*CG + c)*nbk + b;
+                const int4  y0 = ((const int4 *) qi_sh)[2*qc + 0];
+                const int4  y1 = ((const int4 *) qi_sh)[2*qc + 1];
+                const float2 ds = qd_sh[qc];
+#pragma unroll
+                for (int u = 0; u < NR; ++u) {
+                    sum[u][c] += ad_kq_block<type_k>(kw[u], kd[u], km[u], y0, y1, ds);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NR; ++u) {
+            const int r = u*RPI + rg;
+#pragma unroll
+            for (int c = 0; c < CG; ++c) {
+                const float d   = warp_reduce_sum<AD_TPR>(sum[u][c]);
+                const int   col = ch*CG + c;
+                if (c % AD_TPR == ln) {
+                    // padded columns: 0 (never normalized, never written; keeps their accumulators finite)
+                    float sc = 0.0f;
+                    if (col < nc && rok[u]) {
+                        sc = d*p.scale + mv[u][c/AD_TPR];
+                    }
+                    s_sh[r*sst + col] = sc;
+                }
+            }
+        }
+    }
+}
+
+// VMMA (0040): V*P on tensor cores (ad_vp_mma, ad_v_chunk_f16); d_v 128 only, launched only where
+// ampere_mma_available (attn_decode_vmma)
+template <ggml_type type_k, ggml_type type_v, int CG, typename mask_t, bool VMMA>
+static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode(const attn_decode_params p) {
+#if !defined(AD_VMMA_CODE)
+    if constexpr (VMMA) {
+        NO_DEVICE_CODE;
+        return;
+    }
+#endif // !defined(AD_VMMA_CODE)
+    constexpr int qrv = ggml_cuda_type_traits<type_v>::qr;
+    constexpr int NTM = CG <= 4 ? 1 : AD_CT/8;  // n-tiles of 8 columns (VMMA)
+    constexpr int RPI = AD_NT/AD_TPR;          // cells per pass of the thread groups in the scores phase
+    constexpr int NR  = AD_TC/RPI;             // rows per thread group and tile (2)
+    constexpr int G   = CG <= 4 ? 32 : 4;      // threads per column in the softmax phase (CG <= 4: <= 4 columns)
+    static_assert(AD_TC == NR*RPI, "tile");
+    static_assert(AD_NT/G >= (CG <= 4 ? 4 : AD_CT), "softmax phase: a group of G threads for every column");
+
+    extern __shared__ int64_t ad_smem[];
+
+    const int tid  = threadIdx.x;
+    const int z    = blockIdx.x;
+    const int h    = blockIdx.y / p.ntiles;
+    const int tile = blockIdx.y % p.ntiles;
+    const int s    = blockIdx.z;
+
+    const int col0   = tile*AD_CT;
+    const int nc     = min(AD_CT, p.ncols - col0);
+    const int nchunk = (nc + CG - 1)/CG;
+    const int ncp    = nchunk*CG;               // padded columns
+    const int dmax   = max(p.dk, p.dv);
+    const int sst    = ncp + 1;                 // score row stride (odd: the phases of C read distinct banks)
+
+    int64_t * moff = ad_smem;                   // [AD_CT] byte offset of each column's mask row
+    float   * q_sh = (float *) (moff + AD_CT);  // [ncp][dk] queries; at the end [ncp][dv] sums
+    float   * s_sh = q_sh + ncp*dmax;           // [AD_TC][sst] scores, then probabilities
+    float   * m_sh = s_sh + AD_TC*sst;          // [AD_CT] running max
+    float   * l_sh = m_sh + AD_CT;              // [AD_CT] running sum
+    float   * a_sh = l_sh + AD_CT;              // [AD_CT] rescale factor of the current tile
+    // [nbuf][AD_TC][rbk] the tiles' K rows, each buffer 16-byte aligned (as attn_decode_smem counts), then
+    // [nbuf][AD_TC][rbv] their V rows
+    const int kbuf = (AD_TC*p.rbk + 15)/16*16;
+    const int vbuf = (AD_TC*p.rbv + 15)/16*16;
+    char    * k_sh0 = (char *) ad_smem + ((const char *) (a_sh + AD_CT) - (const char *) ad_smem + 15)/16*16;
+    char    * v_sh0 = k_sh0 + p.nbuf*kbuf;
+    int     * qi_sh = (int *) (v_sh0 + p.nbuf*vbuf); // [ncp][dk/4] the queries as int8, 4 per int
+    float2  * qd_sh = (float2 *) (qi_sh + ncp*p.dk/4);            // [ncp][dk/32] per 32 values: scale d, d*sum(q)
+    // VMMA: [4 warps][16][AD_VWS] the warps' V chunks as f16, 16-byte aligned, then [ncp][AD_PTS] P as f16
+    half    * vw_sh = (half *) ((char *) ad_smem + ((const char *) (qd_sh + ncp*p.dk/32) - (const char *) ad_smem + 15)/16*16);
+    half    * pt_sh = vw_sh + (AD_NT/32)*16*AD_VWS;
+
+    const int c_begin = z*p.cps;
+    const int c_end   = min(c_begin + p.cps, p.n_kv);
+
+    const char * kbase = p.k + h*p.k_nb2 + s*p.k_nb3;
+    const char * vbase = p.v + h*p.v_nb2 + s*p.v_nb3;
+
+    // launched early behind the kernel before it (programmatic dependent launch, 0043): everything above is index
+    // arithmetic; the caches, queries and mask are read only after that kernel has finished and its writes are seen
+    ggml_cuda_pdl_sync();
+
+    // the first tile's K and V: their loads overlap the queries' staging
+    ad_stage(k_sh0, kbase + (int64_t) c_begin*p.k_nb1, p.k_nb1, p.gk, min(AD_TC, c_end - c_begin));
+    ad_stage(v_sh0, vbase + (int64_t) c_begin*p.v_nb1, p.v_nb1, p.gv, min(AD_TC, c_end - c_begin));
+    ad_commit();
+
+    ad_load_queries(p, q_sh, qi_sh, qd_sh, moff, m_sh, l_sh, a_sh, col0, nc, ncp, h, s);
+
+    const int nslots_v = p.dv/8;
+
+    // softmax phase: G threads per column; threads past the last column repeat its work and write nothing
+    const int  cb     = min(tid / G, nc - 1);
+    const int  lb     = tid % G;
+    const bool bowner = tid / G < nc;
+
+    // V*P phase: thread -> (slot jv of 8 values of d_v, chunk gv of CG columns, phase ph of the cells)
+    const int  ncombo  = nslots_v*nchunk;       // <= 128 (d_v <= 256, ncp <= 32)
+    const int  nph     = max(1, AD_NT / ncombo);
+    const int  jv      = tid % nslots_v;
+    const int  gv      = (tid / nslots_v) % nchunk;
+    const int  ph      = tid / ncombo;
+    const bool vactive = ph < nph;
+
+    float acc[CG][8];
+#pragma unroll
+    for (int c = 0; c < CG; ++c) {
+#pragma unroll
+        for (int l = 0; l < 8; ++l) {
+            acc[c][l] = 0.0f;
+        }
+    }
+    float macc[2][NTM][4] = {}; // VMMA: warp w's D fragments (ad_vp_mma)
+
+    // tile it sits in buffer it % nbuf. Two buffers: the next tile's K and V are copied while this tile's phases run
+    // (cp.async), and each tile waits once. One buffer (no cp.async: HIP): the next tile is staged after this one.
+    for (int t0 = c_begin, it = 0; t0 < c_end; t0 += AD_TC, ++it) {
+        const int  tn   = min(AD_TC, c_end - t0);
+        const bool two  = AD_NBUF_MAX == 2 && p.nbuf == 2;
+        const int  b    = two ? (it & 1) : 0;
+        const bool next = t0 + AD_TC < c_end;
+        const char * k_sh = k_sh0 + b*kbuf;
+        const char * v_sh = v_sh0 + b*vbuf;
+
+        if (two) {
+            // the other buffer is free (barrier at the end of the previous tile); an empty group on the last tile
+            // keeps the count
+            if (next) {
+                const int tn1 = min(AD_TC, c_end - t0 - AD_TC);
+                ad_stage(k_sh0 + (b ^ 1)*kbuf, kbase + (int64_t) (t0 + AD_TC)*p.k_nb1, p.k_nb1, p.gk, tn1);
+                ad_stage(v_sh0 + (b ^ 1)*vbuf, vbase + (int64_t) (t0 + AD_TC)*p.v_nb1, p.v_nb1, p.gv, tn1);
+            }
+            ad_commit();
+            ad_wait_all_but_newest(); // this tile's K and V have landed
+        } else {
+            ad_wait_all();
+        }
+        __syncthreads();
+
+        // A. scores
+        ad_scores_tile<type_k, CG, NR, mask_t>(p, k_sh, qi_sh, qd_sh, moff, s_sh, sst, nchunk, nc, t0, tn);
+        __syncthreads();
+
+        // B. online softmax per column
+        ad_softmax_tile<G, VMMA>(s_sh, sst, m_sh, l_sh, a_sh, pt_sh, cb, lb, bowner, tn);
+        __syncthreads();
+
+        // C. V*P: VMMA on tensor cores, else two cells per step (their loads and dequantizations independent; the sums
+        // in the cells' order)
+        if constexpr (VMMA) {
+#ifdef AD_VMMA_CODE
+            ad_vp_mma<type_v, NTM>(v_sh, p.rbv, vw_sh + (tid/32)*16*AD_VWS, pt_sh, a_sh, macc, ncp, tn);
+#endif // AD_VMMA_CODE
+        } else if (vactive) {
+#pragma unroll
+            for (int c = 0; c < CG; ++c) {
+                const float alpha = a_sh[gv*CG + c];
+#pragma unroll
+                for (int l = 0; l < 8; ++l) {
+                    acc[c][l] *= alpha;
+                }
+            }
+            int c = ph;
+#ifndef GGML_USE_HIP
+            for (; c + nph < tn; c += 2*nph) {
+                float va[8];
+                float vb[8];
+                dequantize_x8<type_v>(v_sh + c*p.rbv, jv, va);
+                dequantize_x8<type_v>(v_sh + (c + nph)*p.rbv, jv, vb);
+#pragma unroll
+                for (int cc = 0; cc < CG; ++cc) {
+                    const float pa = s_sh[c*sst + gv*CG + cc];
+                    const float pb = s_sh[(c + nph)*sst + gv*CG + cc];
+#pragma unroll
+                    for (int l = 0; l < 8; ++l) {
+                        acc[cc][l] += pa*va[l];
+                        acc[cc][l] += pb*vb[l];
+                    }
+                }
+            }
+#endif // GGML_USE_HIP
+            for (; c < tn; c += nph) {
+                float vv[8];
+                dequantize_x8<type_v>(v_sh + c*p.rbv, jv, vv);
+#pragma unroll
+                for (int cc = 0; cc < CG; ++cc) {
+                    const float pr = s_sh[c*sst + gv*CG + cc];
+#pragma unroll
+                    for (int l = 0; l < 8; ++l) {
+                        acc[cc][l] += pr*vv[l];
+                    }
+                }
+            }
+        }
+        __syncthreads(); // this tile's buffers and s_sh are free
+
+        if (!two && next) {
+            const int tn1 = min(AD_TC, c_end - t0 - AD_TC);
+            ad_stage(k_sh0, kbase + (int64_t) (t0 + AD_TC)*p.k_nb1, p.k_nb1, p.gk, tn1);
+            ad_stage(v_sh0, vbase + (int64_t) (t0 + AD_TC)*p.v_nb1, p.v_nb1, p.gv, tn1);
+            ad_commit();
+        }
+    }
+
+    // the cells are done: the next kernel (the combine, or the output's consumer) may start launching; it waits for
+    // this grid's completion before it reads anything (0043)
+    ggml_cuda_pdl_lc();
+
+    if constexpr (VMMA) {
+#ifdef AD_VMMA_CODE
+        ad_vp_mma_store<NTM>(q_sh, macc, p.dv, nc, ncp);
+#endif // AD_VMMA_CODE
+        __syncthreads();
+    } else
+    // sum the phases in q_sh [ncp][dv], in a fixed order (phase 0 covers every element)
+    for (int pp = 0; pp < nph; ++pp) {
+        if (vactive && ph == pp) {
+#pragma unroll
+            for (int c = 0; c < CG; ++c) {
+#pragma unroll
+                for (int l = 0; l < 8; ++l) {
+                    const int idx = (gv*CG + c)*p.dv + dequantize_x8_pos<qrv>(jv, l);
+                    q_sh[idx] = pp == 0 ? acc[c][l] : q_sh[idx] + acc[c][l];
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    ad_write_out(p, q_sh, m_sh, l_sh, col0, nc, h, s, z);
+}
+
+// the combine's split weights w_z = exp(m_z - m) into w_sh [nsplit] (m: the largest split max and the sink), from
+// the splits' (max, sum) at ml[z*stride]; all threads read their splits at once, and the maxima and sums are reduced
+// per 32 lanes and then in a fixed order (deterministic); returns 1/(sum_z w_z l_z + exp(sink - m)). Uses w_sh
+// [2*nsplit + AD_NT/32]; ends with every thread past the barriers that follow its last write of w_sh.
+static __device__ __forceinline__ float ad_combine_weights(const float2 * ml, const int stride,
+        const float * sink, const int nsplit, float * w_sh) {
+    const int tid = threadIdx.x;
+    float * l_sh = w_sh + nsplit;
+    float * g_sh = l_sh + nsplit;
+    constexpr int NG32 = AD_NT/32;
+
+    float mx = -INFINITY;
+    for (int z = tid; z < nsplit; z += AD_NT) {
+        const float2 v = ml[(int64_t) z*stride];
+        w_sh[z] = v.x;
+        l_sh[z] = v.y;
+        mx = fmaxf(mx, v.x);
+    }
+    mx = warp_reduce_max<32>(mx);
+    if (tid % 32 == 0) {
+        g_sh[tid/32] = mx;
+    }
+    __syncthreads();
+    float m = sink ? *sink : -INFINITY;
+#pragma unroll
+    for (int g = 0; g < NG32; ++g) {
+        m = fmaxf(m, g_sh[g]);
+    }
+    __syncthreads(); // every thread has read the maxima: g_sh is reused for the sums
+
+    float ls = 0.0f;
+    for (int z = tid; z < nsplit; z += AD_NT) {
+        const float mz = w_sh[z];
+        const float w  = mz == -INFINITY ? 0.0f : expf(mz - m);
+        w_sh[z] = w;
+        ls += w*l_sh[z];
+    }
+    ls = warp_reduce_sum<32>(ls);
+    if (tid % 32 == 0) {
+        g_sh[tid/32] = ls;
+    }
+    __syncthreads();
+    float l = sink ? expf(*sink - m) : 0.0f;
+#pragma unroll
+    for (int g = 0; g < NG32; ++g) {
+        l += g_sh[g];
+    }
+    return 1.0f/l;
+}
+
+// one block per (query column, KV head, stream): dst = sum_z exp(m_z - m) o_z / (sum_z exp(m_z - m) l_z + sink).
+// The splits' maxima and sums are read by all threads at once and reduced in groups of 32 lanes and then in a fixed
+// order (round 7's version walked them in one thread: ~7.5 us per layer at 32K on an H200, 64 splits); the partial
+// outputs are summed by AD_NT/(dv/4) groups of threads at once (each thread 4 consecutive values, 4 splits' loads
+// in flight), then the groups' sums in a fixed order: deterministic
+static __global__ void __launch_bounds__(AD_NT) k_attn_decode_combine(const float * part_o,
+        const float2 * part_ml, const float * sinks, float * dst, const int dv,
+        const int ncols, const int ntok, const int gqa, const int n_head_kv, const int nsplit, const int64_t d_s1,
+        const int64_t d_s2, const int64_t d_s3, const int out_rot) {
+    // [nsplit] maxima, then weights; [nsplit] sums; [AD_NT/32] the lane groups' partials; then [groups][dv] sums
+    extern __shared__ float w_sh[];
+
+    const int tid  = threadIdx.x;
+    const int col  = blockIdx.x;
+    const int h    = blockIdx.y;
+    const int s    = blockIdx.z;
+    const int tok  = col % ntok;
+    const int head = h*gqa + col / ntok;
+
+    const int64_t blk0 = ((int64_t) s*n_head_kv + h)*nsplit;
+    float * g_sh = w_sh + 2*nsplit;
+    constexpr int NG32 = AD_NT/32;
+
+    // launched early behind k_attn_decode (0043): its partials are read after it has finished
+    ggml_cuda_pdl_sync();
+
+    const float il = ad_combine_weights(part_ml + blk0*ncols + col, ncols, sinks ? sinks + head : nullptr, nsplit, w_sh);
+
+    const int nvec = dv/4;         // float4 per row (dv is a multiple of 32)
+    const int ng   = AD_NT/nvec;   // groups of splits (>= 2: dv <= 256)
+    const int g    = tid/nvec;
+    const int e    = tid - g*nvec;
+    float * red = g_sh + NG32;
+    if (g < ng) {
+        constexpr int U = 4;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 * src = (const float4 *) (part_o + (blk0*ncols + col)*dv) + e;
+        const int64_t zst = (int64_t) ncols*nvec; // float4 between splits
+        int z = g;
+        for (; z + (U - 1)*ng < nsplit; z += U*ng) {
+            float4 t[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                t[u] = src[(z + u*ng)*zst];
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float w = w_sh[z + u*ng];
+                o.x += w*t[u].x; o.y += w*t[u].y; o.z += w*t[u].z; o.w += w*t[u].w;
+            }
+        }
+        for (; z < nsplit; z += ng) {
+            const float4 t = src[z*zst];
+            const float  w = w_sh[z];
+            o.x += w*t.x; o.y += w*t.y; o.z += w*t.z; o.w += w*t.w;
+        }
+        red[g*dv + 4*e + 0] = o.x;
+        red[g*dv + 4*e + 1] = o.y;
+        red[g*dv + 4*e + 2] = o.z;
+        red[g*dv + 4*e + 3] = o.w;
+    }
+    __syncthreads();
+    for (int i0 = tid; i0 < dv; i0 += AD_NT) {
+        float o = 0.0f;
+        for (int gg = 0; gg < ng; ++gg) {
+            o += red[gg*dv + i0];
+        }
+        if (out_rot > 0) {
+            red[i0] = o*il; // only this thread reads red[gg*dv + i0]
+        } else {
+            dst[tok*d_s1 + head*d_s2 + s*d_s3 + i0] = o*il;
+        }
+    }
+    if (out_rot > 0) {
+        ad_fwht_rows(red, dv, out_rot);
+        for (int i0 = tid; i0 < dv; i0 += AD_NT) {
+            dst[tok*d_s1 + head*d_s2 + s*d_s3 + i0] = red[i0];
+        }
+    }
+}
+
+// bytes per staging unit: the widest of 16/8/4/2 dividing a row's bytes, the base address and every stride
+static int attn_decode_unit(const int rb, const uintptr_t base, const int64_t nb1, const int64_t nb2, const int64_t nb3) {
+    for (int u = 16; u > 2; u /= 2) {
+        if (rb % u == 0 && base % u == 0 && nb1 % u == 0 && nb2 % u == 0 && nb3 % u == 0) {
+            return u;
+        }
+    }
+    return 2;
+}
+
+// the staging walk of rows of rb bytes in units of `unit` bytes (ad_stage_geo)
+static ad_stage_geo attn_decode_stage_geo(const int rb, const int unit) {
+    ad_stage_geo g;
+    g.unit = unit;
+    g.rb   = rb;
+    g.upr  = rb/unit;
+    g.dr   = AD_NT/g.upr;
+    g.dox  = AD_NT - g.dr*g.upr;
+    g.mg   = (65536 + g.upr - 1)/g.upr;
+    return g;
+}
+
+// columns per chunk: 1 (one column), 4 (up to 4: the 8B shape's GQA 4 at one token), 8
+static int attn_decode_cg(const int ncols) {
+    return ncols == 1 ? 1 : (ncols <= 4 ? 4 : 8);
+}
+
+// dynamic shared memory of k_attn_decode: mask offsets, queries (then sums), scores, running state, nbuf K and nbuf
+// V tiles, the int8 queries and their scales; with vmma (0040) the f16 V tile and P
+static size_t attn_decode_smem(const int ncols, const int dk, const int dv, const int rbk, const int rbv, const int nbuf,
+        const bool vmma) {
+    const int cg  = attn_decode_cg(ncols);
+    const int ncp = (std::min(AD_CT, ncols) + cg - 1)/cg*cg;
+    const size_t front = AD_CT*sizeof(int64_t) + ((size_t) ncp*std::max(dk, dv) + (size_t) AD_TC*(ncp + 1) + 3*AD_CT)*sizeof(float);
+    const size_t base  = (front + 15)/16*16 + nbuf*((size_t) (AD_TC*rbk + 15)/16*16 + (size_t) (AD_TC*rbv + 15)/16*16) +
+        (size_t) ncp*dk + (size_t) ncp*(dk/32)*2*sizeof(float);
+    if (!vmma) {
+        return base;
+    }
+    // (q8_0 K and V at 4 columns: 45120 bytes, within the H200's 5 blocks per SM)
+    return (base + 15)/16*16 + ((size_t) (AD_NT/32)*16*AD_VWS + (size_t) ncp*AD_PTS)*sizeof(half);
+}
+
+// splits of the cells: about bpsm blocks per SM over all (KV head, column tile, stream), at least min_tiles tiles per
+// split (but one split always)
+static void attn_decode_plan(attn_decode_params & p, const int nstream, const int nsm, const int bpsm,
+        const int min_tiles = 1) {
+    const int64_t nblk0      = (int64_t) p.n_head_kv*p.ntiles*nstream;
+    const int64_t nsplit_max = std::max<int64_t>(1, (p.n_kv + AD_TC - 1)/AD_TC/std::max(1, min_tiles));
+    int64_t nsplit = std::min<int64_t>(std::max<int64_t>(1, ((int64_t) bpsm*nsm + nblk0 - 1)/nblk0), nsplit_max);
+    int64_t cps    = (p.n_kv + nsplit - 1)/nsplit;
+    cps            = (cps + AD_TC - 1)/AD_TC*AD_TC;
+    nsplit         = (p.n_kv + cps - 1)/cps;
+    p.cps    = (int) cps;
+    p.nsplit = (int) nsplit;
+}
+
+static size_t attn_decode_combine_smem(const int nsplit, const int dv) {
+    return (2*(size_t) nsplit + AD_NT/32 + (size_t) (AD_NT/(dv/4))*dv)*sizeof(float);
+}
+
+static bool attn_decode_type_supported(const ggml_type type) {
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0;
+}
+
+// bytes of a row of d values (d a multiple of the block size)
+static int attn_decode_row_bytes(const ggml_type type, const int64_t d) {
+    return (int) (d/ggml_blck_size(type)*ggml_type_size(type));
+}
+
+// the splits aim at AD_SPLIT_BPSM blocks per SM, each split at least AD_SPLIT_MIN_TILES tiles of AD_TC cells (as
+// measured on an H200: benchmarks/KERNEL_NOTES.md, the split knobs)
+#define AD_SPLIT_BPSM      4
+#define AD_SPLIT_MIN_TILES 1
+
+// launches one of the fused attention's kernels the way ggml launches its own (ggml_cuda_kernel_launch): where CUDA
+// supports it (12.3+, PTX for sm_90+), as a programmatic dependent launch, so that its blocks are scheduled while the
+// kernel before it drains, and each waits (ggml_cuda_pdl_sync) before it reads that kernel's output (0043).
+// GGML_CUDA_PDL=0 turns that off for every kernel.
+template <typename Kernel, typename... Args>
+static void attn_decode_kernel_launch(Kernel kernel, const dim3 grid, const size_t smem, cudaStream_t stream,
+        Args &&... args) {
+    ggml_cuda_kernel_launch(kernel, ggml_cuda_kernel_launch_params(grid, dim3(AD_NT, 1, 1), smem, stream),
+        std::forward<Args>(args)...);
+}
+
+// K and V tile buffers of k_attn_decode: 2 where cp.async copies the next tile during this one (NVIDIA sm_80+) and
+// the shared memory allows, else 1
+static int attn_decode_nbuf(const int ncols, const int dk, const int dv, const int rbk, const int rbv, const bool vmma) {
+    const int    id = ggml_cuda_get_device();
+    const auto & di = ggml_cuda_info().devices[id];
+    if (!cp_async_available(di.cc) || attn_decode_smem(ncols, dk, dv, rbk, rbv, 2, vmma) > di.smpbo) {
+        return 1;
+    }
+    return 2;
+}
+
+// V*P on tensor cores (0040): NVIDIA with mma.sync m16n8k16 compiled for the device (sm_80+), d_v 128, and the f16 V
+// tile fits the shared memory (one tile buffer); LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 turns it off (read once)
+static bool attn_decode_vmma(const int ncols, const int dk, const int dv, const int rbk, const int rbv) {
+#ifdef GGML_USE_HIP
+    GGML_UNUSED_VARS(ncols, dk, dv, rbk, rbv);
+    return false;
+#else
+    static const bool off = [] {
+        const char * env = getenv("LLAMA_VQ_CUDA_FUSED_ATTN_MMA");
+        return env && atoi(env) == 0;
+    }();
+    const auto & di = ggml_cuda_info().devices[ggml_cuda_get_device()];
+    return !off && dv == AD_VMMA_DV && ampere_mma_available(di.cc) &&
+        attn_decode_smem(ncols, dk, dv, rbk, rbv, 1, true) <= di.smpbo;
+#endif // GGML_USE_HIP
+}
+
+bool ggml_cuda_attn_decode_fused_supported(const ggml_tensor * kq, const ggml_tensor * softmax, const ggml_tensor * kqv) {
+    if (kq->op != GGML_OP_MUL_MAT || softmax->op != GGML_OP_SOFT_MAX || kqv->op != GGML_OP_OUT_PROD) {
+        return false;
+    }
+    const ggml_tensor * k     = kq->src[0];
+    const ggml_tensor * q     = kq->src[1];
+    const ggml_tensor * mask  = softmax->src[1];
+    const ggml_tensor * sinks = softmax->src[2];
+    const ggml_tensor * v     = kqv->src[0];
+    const ggml_tensor * pt    = kqv->src[1];
+
+    if (softmax->src[0] != kq || pt->op != GGML_OP_TRANSPOSE || pt->src[0] != softmax) {
+        return false;
+    }
+    if (!attn_decode_type_supported(k->type) || !attn_decode_type_supported(v->type) || q->type != GGML_TYPE_F32 ||
+            kq->type != GGML_TYPE_F32 || softmax->type != GGML_TYPE_F32 || kqv->type != GGML_TYPE_F32) {
+        return false;
+    }
+    float max_bias = 0.0f;
+    memcpy(&max_bias, (const float *) softmax->op_params + 1, sizeof(float));
+    if (max_bias != 0.0f) {
+        return false;
+    }
+
+    const int64_t dk = k->ne[0], n_kv = k->ne[1], nkvh = k->ne[2], nstream = k->ne[3];
+    const int64_t dv = v->ne[0];
+    if (dk % 32 != 0 || dk > ATTN_DECODE_MAX_D || dv % 32 != 0 || dv > ATTN_DECODE_MAX_D || n_kv < 1 || n_kv > INT32_MAX/2) {
+        return false;
+    }
+    if (k->nb[0] != ggml_type_size(k->type) || v->nb[0] != ggml_type_size(v->type) || q->nb[0] != sizeof(float)) {
+        return false;
+    }
+    if (q->ne[0] != dk || v->ne[1] != n_kv || v->ne[2] != nkvh || v->ne[3] != nstream || q->ne[3] != nstream ||
+            q->ne[2] % nkvh != 0) {
+        return false;
+    }
+    const int64_t ntok = q->ne[1];
+    const int64_t gqa  = q->ne[2]/nkvh;
+    if (ntok > ATTN_DECODE_MAX_TOKENS || ntok*gqa > ATTN_DECODE_MAX_COLS || nkvh*((ntok*gqa + 31)/32) > 65535 ||
+            nstream > 65535) {
+        return false;
+    }
+    // the shapes the chain itself gives (ggml_mul_mat, ggml_soft_max, ggml_out_prod): checked, not assumed
+    if (kq->ne[0] != n_kv || kq->ne[1] != ntok || kq->ne[2] != q->ne[2] || kq->ne[3] != nstream || !ggml_is_contiguous(kq) ||
+            kqv->ne[0] != dv || kqv->ne[1] != ntok || kqv->ne[2] != q->ne[2] || kqv->ne[3] != nstream ||
+            kqv->nb[0] != sizeof(float)) {
+        return false;
+    }
+    if (mask) {
+        if ((mask->type != GGML_TYPE_F16 && mask->type != GGML_TYPE_F32) || mask->ne[0] != n_kv || mask->ne[1] < ntok ||
+                mask->nb[0] != ggml_type_size(mask->type) || q->ne[2] % mask->ne[2] != 0 || nstream % mask->ne[3] != 0) {
+            return false;
+        }
+    }
+    if (sinks && (sinks->type != GGML_TYPE_F32 || sinks->ne[0] != q->ne[2] || !ggml_is_contiguous(sinks))) {
+        return false;
+    }
+    // the staged K and V tiles must fit the device's shared memory (d 256 x 32 columns of q8_0 needs ~76 KB: above a
+    // 64 KB limit, e.g. AMD's, such shapes keep the separate ops)
+    const size_t smem = attn_decode_smem((int) (ntok*gqa), (int) dk, (int) dv, attn_decode_row_bytes(k->type, dk),
+        attn_decode_row_bytes(v->type, dv), 1, false);
+    if (smem > ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo) {
+        return false;
+    }
+    return true;
+}
+
+bool ggml_cuda_attn_decode_fused_auto(const ggml_tensor * kq, const ggml_tensor * softmax, const ggml_tensor * kqv) {
+    GGML_UNUSED(softmax);
+    const ggml_tensor * k = kq->src[0];
+    const ggml_tensor * q = kq->src[1];
+    const ggml_tensor * v = kqv->src[0];
+    if (q->ne[1] != 1) {
+        return false;
+    }
+    const int ncols = (int) (q->ne[2]/k->ne[2]);
+    return attn_decode_vmma(ncols, (int) k->ne[0], (int) v->ne[0], attn_decode_row_bytes(k->type, k->ne[0]),
+        attn_decode_row_bytes(v->type, v->ne[0]));
+}
+
+bool ggml_cuda_attn_decode_fused_can_rotate(const ggml_tensor * kq, const int hadamard_n) {
+    const int64_t dk = kq->src[0]->ne[0];
+    return hadamard_n >= 2 && hadamard_n <= ATTN_DECODE_MAX_D && (hadamard_n & (hadamard_n - 1)) == 0 && dk % hadamard_n == 0;
+}
+
+bool ggml_cuda_attn_decode_fused_tail_supported(const ggml_tensor * kqv, const ggml_tensor * permute,
+        const ggml_tensor * cont, const int out_rot) {
+    if (permute->op != GGML_OP_PERMUTE || permute->src[0] != kqv || cont->op != GGML_OP_CONT || cont->src[0] != permute ||
+            cont->type != GGML_TYPE_F32 || !ggml_is_contiguous(cont) || ggml_nelements(cont) != ggml_nelements(kqv)) {
+        return false;
+    }
+    // permute(kqv, 0, 2, 1, 3): [d_v, n_head, n_tokens, n_stream]
+    if (permute->ne[0] != kqv->ne[0] || permute->ne[1] != kqv->ne[2] || permute->ne[2] != kqv->ne[1] ||
+            permute->ne[3] != kqv->ne[3] || permute->nb[1] != kqv->nb[2] || permute->nb[2] != kqv->nb[1] ||
+            permute->nb[3] != kqv->nb[3]) {
+        return false;
+    }
+    if (out_rot != 0 && (out_rot < 2 || out_rot > ATTN_DECODE_MAX_D || (out_rot & (out_rot - 1)) != 0 ||
+            kqv->ne[0] % out_rot != 0)) {
+        return false;
+    }
+    return true;
+}
+
+template <ggml_type type_k, ggml_type type_v, int CG, bool VMMA>
+static void attn_decode_launch_v(const attn_decode_params & p, const bool mask_f16, const dim3 grid, const size_t smem,
+        cudaStream_t stream) {
+    const size_t smpbo = ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo;
+    if (mask_f16) {
+        CUDA_SET_SHARED_MEMORY_LIMIT((k_attn_decode<type_k, type_v, CG, half, VMMA>), smpbo);
+        attn_decode_kernel_launch(k_attn_decode<type_k, type_v, CG, half, VMMA>, grid, smem, stream, p);
+    } else {
+        CUDA_SET_SHARED_MEMORY_LIMIT((k_attn_decode<type_k, type_v, CG, float, VMMA>), smpbo);
+        attn_decode_kernel_launch(k_attn_decode<type_k, type_v, CG, float, VMMA>, grid, smem, stream, p);
+    }
+}
+
+// the tensor-core V*P variants exist only where they can run (not on HIP)
+template <ggml_type type_k, ggml_type type_v, int CG>
+static void attn_decode_launch(const attn_decode_params & p, const bool mask_f16, const bool vmma, const dim3 grid,
+        const size_t smem, cudaStream_t stream) {
+#ifndef GGML_USE_HIP
+    if (vmma) {
+        attn_decode_launch_v<type_k, type_v, CG, true>(p, mask_f16, grid, smem, stream);
+        return;
+    }
+#endif // GGML_USE_HIP
+    GGML_ASSERT(!vmma);
+    attn_decode_launch_v<type_k, type_v, CG, false>(p, mask_f16, grid, smem, stream);
+}
+
+template <ggml_type type_k, ggml_type type_v>
+static void attn_decode_switch_cg(const attn_decode_params & p, const int cg, const bool mask_f16, const bool vmma,
+        const dim3 grid, const size_t smem, cudaStream_t stream) {
+    switch (cg) {
+        case 1:  attn_decode_launch<type_k, type_v, 1>(p, mask_f16, vmma, grid, smem, stream); break;
+        case 4:  attn_decode_launch<type_k, type_v, 4>(p, mask_f16, vmma, grid, smem, stream); break;
+        default: attn_decode_launch<type_k, type_v, 8>(p, mask_f16, vmma, grid, smem, stream); break;
+    }
+}
+
+template <ggml_type type_k>
+static void attn_decode_switch_v(const ggml_type type_v, const attn_decode_params & p, const int cg, const bool mask_f16,
+        const bool vmma, const dim3 grid, const size_t smem, cudaStream_t stream) {
+    switch (type_v) {
+        case GGML_TYPE_Q4_0: attn_decode_switch_cg<type_k, GGML_TYPE_Q4_0>(p, cg, mask_f16, vmma, grid, smem, stream); break;
+        case GGML_TYPE_Q4_1: attn_decode_switch_cg<type_k, GGML_TYPE_Q4_1>(p, cg, mask_f16, vmma, grid, smem, stream); break;
+        case GGML_TYPE_Q8_0: attn_decode_switch_cg<type_k, GGML_TYPE_Q8_0>(p, cg, mask_f16, vmma, grid, smem, stream); break;
+        default: GGML_ABORT("fatal error");
+    }
+}
+
+bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_tensor * q, const ggml_tensor * kq,
+        const ggml_tensor * softmax, ggml_tensor * kqv, const int hadamard_n, ggml_tensor * out, const int out_rot) {
+    GGML_ASSERT(ggml_cuda_attn_decode_fused_supported(kq, softmax, kqv));
+    GGML_ASSERT(hadamard_n == 0 || ggml_cuda_attn_decode_fused_can_rotate(kq, hadamard_n));
+    GGML_ASSERT(out != nullptr || out_rot == 0);
+
+    const ggml_tensor * k     = kq->src[0];
+    const ggml_tensor * mask  = softmax->src[1];
+    const ggml_tensor * sinks = softmax->src[2];
+    const ggml_tensor * v     = kqv->src[0];
+
+    cudaStream_t stream = ctx.stream();
+    const int    id     = ggml_cuda_get_device();
+    const int    nsm    = ggml_cuda_info().devices[id].nsm;
+
+    attn_decode_params p = {};
+    p.dk         = (int) k->ne[0];
+    p.dv         = (int) v->ne[0];
+    p.n_kv       = (int) k->ne[1];
+    p.n_head_kv  = (int) k->ne[2];
+    p.gqa        = (int) (q->ne[2]/k->ne[2]);
+    p.ntok       = (int) q->ne[1];
+    p.ncols      = p.ntok*p.gqa;
+    p.ntiles     = (p.ncols + AD_CT - 1)/AD_CT;
+    p.hadamard_n = hadamard_n;
+    memcpy(&p.scale, (const float *) softmax->op_params + 0, sizeof(float));
+
+    const int nstream = (int) k->ne[3];
+
+    p.rbk = attn_decode_row_bytes(k->type, p.dk);
+    p.rbv = attn_decode_row_bytes(v->type, p.dv);
+    attn_decode_plan(p, nstream, nsm, AD_SPLIT_BPSM, AD_SPLIT_MIN_TILES);
+    const int64_t nsplit = p.nsplit;
+
+    p.q = (const char *) q->data;
+    p.q_nb1 = q->nb[1]; p.q_nb2 = q->nb[2]; p.q_nb3 = q->nb[3];
+    p.k = (const char *) k->data;
+    p.k_nb1 = k->nb[1]; p.k_nb2 = k->nb[2]; p.k_nb3 = k->nb[3];
+    p.v = (const char *) v->data;
+    p.v_nb1 = v->nb[1]; p.v_nb2 = v->nb[2]; p.v_nb3 = v->nb[3];
+    p.mask = mask ? (const char *) mask->data : nullptr;
+    p.m_ne2 = mask ? (int) mask->ne[2] : 1;
+    p.m_ne3 = mask ? (int) mask->ne[3] : 1;
+    p.m_nb1 = mask ? mask->nb[1] : 0; p.m_nb2 = mask ? mask->nb[2] : 0; p.m_nb3 = mask ? mask->nb[3] : 0;
+    p.sinks = sinks ? (const float *) sinks->data : nullptr;
+    if (out) {
+        // the permuted, contiguous output [d_v, n_head, n_tokens, n_stream] (0037), rotated if out_rot > 0
+        const int64_t n_head = q->ne[2];
+        p.dst  = (float *) out->data;
+        p.d_s1 = (int64_t) p.dv*n_head; p.d_s2 = p.dv; p.d_s3 = (int64_t) p.dv*n_head*p.ntok;
+    } else {
+        p.dst  = (float *) kqv->data;
+        p.d_s1 = kqv->nb[1]/sizeof(float); p.d_s2 = kqv->nb[2]/sizeof(float); p.d_s3 = kqv->nb[3]/sizeof(float);
+    }
+    p.out_rot = out_rot;
+    p.uk = attn_decode_unit(p.rbk, (uintptr_t) k->data, k->nb[1], k->nb[2], k->nb[3]);
+    p.uv = attn_decode_unit(p.rbv, (uintptr_t) v->data, v->nb[1], v->nb[2], v->nb[3]);
+    p.gk = attn_decode_stage_geo(p.rbk, p.uk);
+    p.gv = attn_decode_stage_geo(p.rbv, p.uv);
+
+    const int    cg   = attn_decode_cg(p.ncols);
+    const bool   vmma = attn_decode_vmma(p.ncols, p.dk, p.dv, p.rbk, p.rbv);
+    p.nbuf            = attn_decode_nbuf(p.ncols, p.dk, p.dv, p.rbk, p.rbv, vmma);
+    const size_t smem = attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf, vmma);
+
+    ggml_cuda_pool_alloc<float>  part_o(ctx.pool());
+    ggml_cuda_pool_alloc<float2> part_ml(ctx.pool());
+    if (nsplit > 1) {
+        const size_t nml = (size_t) nstream*p.n_head_kv*nsplit*p.ncols;
+        part_o.alloc(nml*p.dv);
+        part_ml.alloc(nml);
+        p.part_o  = part_o.get();
+        p.part_ml = part_ml.get();
+    }
+
+    const dim3 grid((unsigned) nsplit, (unsigned) (p.n_head_kv*p.ntiles), (unsigned) nstream);
+    const bool mask_f16 = mask && mask->type == GGML_TYPE_F16;
+    switch (k->type) {
+        case GGML_TYPE_Q4_0: attn_decode_switch_v<GGML_TYPE_Q4_0>(v->type, p, cg, mask_f16, vmma, grid, smem, stream); break;
+        case GGML_TYPE_Q4_1: attn_decode_switch_v<GGML_TYPE_Q4_1>(v->type, p, cg, mask_f16, vmma, grid, smem, stream); break;
+        case GGML_TYPE_Q8_0: attn_decode_switch_v<GGML_TYPE_Q8_0>(v->type, p, cg, mask_f16, vmma, grid, smem, stream); break;
+        default: GGML_ABORT("fatal error");
+    }
+    CUDA_CHECK(cudaGetLastError());
+
+    if (nsplit > 1) {
+        const dim3 grid_c((unsigned) p.ncols, (unsigned) p.n_head_kv, (unsigned) nstream);
+        attn_decode_kernel_launch(k_attn_decode_combine, grid_c, attn_decode_combine_smem(p.nsplit, p.dv), stream,
+            (const float *) p.part_o, (const float2 *) p.part_ml, p.sinks, p.dst, p.dv, p.ncols, p.ntok, p.gqa,
+            p.n_head_kv, p.nsplit, p.d_s1, p.d_s2, p.d_s3, p.out_rot);
+    }
+    return vmma;
+}
