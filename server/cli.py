@@ -40,7 +40,10 @@ def _bind(host: str, port: int, v6only: bool = False) -> socket.socket:
         sock.bind(host)
     else:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto given explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto is IPPROTO_TCP,
+        # and accepted sockets take the listener's; with proto 0, every answer on a kept-alive connection after
+        # the first waited ~40 ms for the client's delayed ACK
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6 and v6only:  # with several addresses, [::] must not also claim 0.0.0.0
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
