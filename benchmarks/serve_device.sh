@@ -16,7 +16,8 @@
 # with 0023 off and on, started before DECODE_DEADLINE s, default 480; REPS 1), REPEAT (throughput runs, default 1),
 # SPY=N (py-spy our server for SPY_SECONDS, default 4, of the N-client round of each throughput run;
 # benchmarks/spy_summary.py's table goes into serve.txt; needs `xz -9 -c .venv/bin/py-spy > .stage/py-spy.xz` here).
-# THREADS (both servers' CPU threads, default 8). MATRIX (entries run interleaved REPEAT times, then their medians;
+# EXTRA_TARGETS (more CMake targets for the same build, e.g. test-backend-ops), THREADS (both servers' CPU threads,
+# default 8). MATRIX (entries run interleaved REPEAT times, then their medians;
 # nothing else runs; see below), SPY_LABEL, and for MATRIX runs CTX (the servers' -c, 4096) and CONTEXT_WORDS (a
 # long history of that many words of its own before each client's prompts, 0). A request not done in
 # REQUEST_TIMEOUT s counts as failed; our server's /slots (twice, 2 s apart) and thread stacks then go into ours.log,
@@ -26,7 +27,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.stage/carry}
 . "$here/benchmarks/device_common.sh"
 [ -z "${DECODE_BENCH:-}" ] || gen llama8b llama --preset llama-3.1-8b
-engine_build serve "$OUT/serve.txt" llama-server ${DECODE_BENCH:+llama-bench}
+engine_build serve "$OUT/serve.txt" llama-server ${DECODE_BENCH:+llama-bench} ${EXTRA_TARGETS:-}
 log "built: $(ls "$here/llama_vq/lib" | tr '\n' ' ')"
 "$PY" -c "import llama_vq; print(llama_vq.build_info())" | tee -a "$OUT/serve.txt" || exit 1
 wait_model mimo
