@@ -10,6 +10,7 @@
     python benchmarks/serve_bench.py agent --model mimo.gguf --state-dir DIR --out bench-out \\
         [--llama-server BIN]
     python benchmarks/serve_bench.py summary RUN.json [RUN.json ...]   # medians over runs (serve_device.sh MATRIX)
+    python benchmarks/serve_bench.py latency --model M.gguf --llama-server BIN [--rounds 3]
 
 throughput: both servers with the same flags (-np = the largest client count, q8_0 K / q4_0 V, flash
 attention off by default), N concurrent streaming clients each sending --requests completions of
@@ -322,6 +323,36 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# ---- the front end's own latency --------------------------------------------------------------------
+
+def cmd_latency(args: argparse.Namespace) -> dict[str, Any]:
+    """Both servers up at once; in rounds, each in turn: GET /health on one kept-alive connection (the HTTP
+    stack's cost per request) and short streamed completions (time to the first token), medians per round."""
+    kinds = ["ours", "llama-server"]
+    servers = {k: Server(k, server_cmd(k, args, 2, shlex.split(args.extra)), args.out / f"latency-{k}.log")
+               for k in kinds}
+    rows = []
+    try:
+        for rnd in range(args.rounds):
+            for kind, srv in servers.items():
+                with httpx.Client(timeout=60) as c:
+                    health = []
+                    for _ in range(30):
+                        t0 = time.perf_counter()
+                        c.get(srv.url + "/health").raise_for_status()
+                        health.append(time.perf_counter() - t0)
+                ttft = [one_stream(srv.url, PROMPTS[i % len(PROMPTS)], 2)["ttft"] for i in range(args.requests)]
+                row = {"server": kind, "round": rnd, "health_p50_ms": statistics.median(health) * 1e3,
+                       "ttft_p50_ms": statistics.median(ttft) * 1e3}
+                print(f"[latency] round {rnd} {kind:12s} /health p50 {row['health_p50_ms']:.2f} ms, "
+                      f"TTFT p50 {row['ttft_p50_ms']:.1f} ms", flush=True)
+                rows.append(row)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    return {"latency": rows}
+
+
 # ---- agent replay ----------------------------------------------------------------------------------
 
 SYSTEM = "You are a coding agent. Tools: read_file(path), write_file(path, content), run(cmd). " + " ".join(
@@ -433,7 +464,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cmake-args", default="", help="e.g. the GGML_* flags of the llama-vq build, for ccache hits")
     b.add_argument("--src", type=Path, help="an exported patched tree (e.g. the llama-vq build's own)")
     b.add_argument("--llama-vq", action="store_true", help="through our CMake project (ccache hits; see above)")
-    for name in ("throughput", "agent"):
+    for name in ("throughput", "agent", "latency"):
         q = sub.add_parser(name)
         q.add_argument("--model", type=Path, required=True)
         q.add_argument("--llama-server", type=Path, help="also run llama.cpp's llama-server (same flags)")
@@ -463,6 +494,10 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("summary", help="medians over several throughput runs (serve_device.sh MATRIX)")
     m.add_argument("files", nargs="+", type=Path, help="throughput.json files (one per run) or matrix.json files")
     m.add_argument("--ratio-clients", type=int, default=4)
+    la = sub.choices["latency"]
+    la.add_argument("--rounds", type=int, default=3)
+    la.add_argument("--requests", type=int, default=10, help="streamed 2-token completions per server and round")
+    la.add_argument("--ctx", type=int, default=2048)
     a = sub.choices["agent"]
     a.add_argument("--state-dir", type=Path, default=Path("serve-bench-state"))
     a.add_argument("--turns", type=int, default=20)
@@ -495,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": os.uname().nodename,
         "cpus": os.cpu_count(),
     }
-    res.update(cmd_throughput(args) if args.cmd == "throughput" else cmd_agent(args))
+    run = {"throughput": cmd_throughput, "agent": cmd_agent, "latency": cmd_latency}[args.cmd]
+    res.update(run(args))
     (args.out / f"{args.cmd}.json").write_text(json.dumps(res, indent=1))
     (args.out / f"{args.cmd}.md").write_text(markdown(res))
     print(markdown(res))

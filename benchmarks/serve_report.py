@@ -21,6 +21,10 @@ def markdown(res: dict[str, Any]) -> str:
             for r in res["rows"]
         ]
         lines += ratios(res["rows"])
+    if res.get("latency"):
+        lines += ["", "| round | server | /health p50 ms | TTFT p50 ms |", "|---|---|---|---|"]
+        lines += [f"| {r['round']} | {r['server']} | {r['health_p50_ms']:.2f} | {r['ttft_p50_ms']:.1f} |"
+                  for r in res["latency"]]
     if res.get("turns"):
         lines += ["", "| server | turn | prompt | cached | ratio | after restart |", "|---|---|---|---|---|---|"]
         lines += [
