@@ -22,7 +22,7 @@ from . import __version__
 from .bridge import Bridge, EngineResponse
 from .engine import Engine, Route
 from .metrics import Metrics
-from .security import ApiKeyMiddleware, BodyLimitMiddleware, add_cors, error_body
+from .security import ApiKeyMiddleware, BodyLimitMiddleware, HeaderCaseMiddleware, add_cors, error_body
 from .settings import Settings
 
 log = logging.getLogger("llama_vq.server")
@@ -110,6 +110,7 @@ def create_app(
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, prefix=settings.api_prefix)
     add_cors(app, settings.cors_origins, settings.cors_methods, settings.cors_headers, settings.cors_credentials)
+    app.add_middleware(HeaderCaseMiddleware)  # outermost: every answer's header names as llama-server's
     return app
 
 
@@ -134,7 +135,7 @@ def _metrics_endpoint(app: FastAPI, engine: Engine, bridge: Bridge, metrics: Met
         if not app.state.ready.is_set() or not engine.loop_alive:
             return _loading(engine)
 
-        def upstream() -> tuple[int, bytes, str]:
+        def upstream() -> tuple[int, bytes, str, dict[str, str]]:
             call = engine.call(
                 route,
                 "/metrics",
@@ -144,14 +145,20 @@ def _metrics_endpoint(app: FastAPI, engine: Engine, bridge: Bridge, metrics: Met
             )
             try:
                 head = call.run()
-                return head.status, call.body(), head.content_type
+                return head.status, call.body(), head.content_type, head.headers
             finally:
                 call.close()
 
-        status, body, ctype = await asyncio.get_running_loop().run_in_executor(bridge.executor, upstream)
+        status, body, ctype, headers = await asyncio.get_running_loop().run_in_executor(bridge.executor, upstream)
+        # llama-server's own headers (Process-Start-Time-Unix) go along
+        headers = {
+            k: v
+            for k, v in headers.items()
+            if k.lower() not in ("content-type", "content-length", "transfer-encoding", "connection")
+        }
         if status != 200:  # llama-server without --metrics: its answer, as it gives it
-            return Response(body, status, media_type=ctype)
-        return Response(body + b"\n" + metrics.render(), 200, media_type="text/plain; version=0.0.4")
+            return Response(body, status, headers=headers, media_type=ctype)
+        return Response(body + b"\n" + metrics.render(), 200, headers=headers, media_type="text/plain; version=0.0.4")
 
     return get_metrics
 

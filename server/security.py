@@ -114,6 +114,34 @@ def add_cors(app, origins: str, methods: str, headers: str, credentials: bool) -
     app.add_middleware(CORSMiddleware, **cors_options(origins, methods, headers, credentials))
 
 
+def header_case(name: bytes) -> bytes:
+    """b"access-control-allow-origin" -> b"Access-Control-Allow-Origin" (what is already upper stays)."""
+    return b"-".join(p[:1].upper() + p[1:] for p in name.split(b"-"))
+
+
+class HeaderCaseMiddleware:
+    """Response header names as llama-server writes them ("Access-Control-Allow-Origin", "Content-Type"):
+    Starlette lowercases them. Case does not matter in HTTP, but a client that compares names exactly (as
+    llama-server's own test suite does, through dict(response.headers)) finds llama-server's names. uvicorn's
+    h11 protocol keeps the case it is given; its httptools protocol, when installed, lowercases every name."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def cased(msg: dict) -> None:
+            if msg["type"] == "http.response.start":
+                msg = dict(msg)
+                msg["headers"] = [(header_case(k), v) for k, v in msg.get("headers", [])]
+            await send(msg)
+
+        await self.app(scope, receive, cased)
+
+
 class BodyLimitMiddleware:
     """413 for a body over the limit, by Content-Length at once and by counting a chunked body."""
 
