@@ -152,6 +152,7 @@ class EngineResponse(Response):
         pending: cf.Future | None = None
         started = False
         t0 = time.perf_counter()
+        b.metrics.in_flight.inc()
         try:
             pending = b.executor.submit(call.run)
             head: Head | None = None
@@ -203,12 +204,21 @@ class EngineResponse(Response):
             more = True
             while more:
                 pending = b.executor.submit(call.next)
-                done, _ = await asyncio.wait(
-                    {asyncio.wrap_future(pending), disconnected}, return_when=asyncio.FIRST_COMPLETED
-                )
-                if disconnected in done:
-                    b.metrics.disconnects.inc()
-                    return
+                while True:
+                    # llama-server's handler returns at once with an empty first result (the headers); the prompt
+                    # is processed while the stream waits for its first chunk: keep the connection alive meanwhile
+                    timeout = b.keepalive if (first and b.keepalive > 0) else None
+                    done, _ = await asyncio.wait(
+                        {asyncio.wrap_future(pending), disconnected}, timeout=timeout,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    if disconnected in done:
+                        b.metrics.disconnects.inc()
+                        return
+                    if pending.done():
+                        break
+                    await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                    b.metrics.keepalives.inc()
                 chunk, more = pending.result()
                 pending = None
                 if first and chunk:
@@ -218,6 +228,7 @@ class EngineResponse(Response):
                     await send({"type": "http.response.body", "body": chunk, "more_body": more})
             b.metrics.requests.labels(scope["method"], route.path, str(head.status)).inc()
         finally:
+            b.metrics.in_flight.dec()
             disconnected.cancel()
             call.cancel() if pending is not None else None
             loop.run_in_executor(b.executor, _close_when_done, pending, call)
