@@ -1,27 +1,26 @@
-"""llama-server and OpenAI compatibility of a real llama-vq-server with SmolLM2 (issue 9 items 3-4).
+"""llama-server's own API and the Anthropic API on a real llama-vq-server with SmolLM2: native endpoints
+(/completion, /tokenize, /detokenize, /props, /apply-template, /slots), the grammar / json_schema extensions,
+routes without /v1, the anthropic client (messages, streaming, count_tokens), CORS with a fixed origin and a
+chat template that raises.
 
-Nulls as "not given", the developer role, routes without /v1, llama-server's native endpoints
-(/completion, /tokenize, /detokenize, /props, /apply-template), the grammar / json_schema
-extensions, X-Api-Key, CORS and llama-server's metric names.
-
-CPU cost: two servers (~2 s each to load) and ~25 generations of <= 16 tokens; 10-30 s on 2 cores.
+CPU cost: two servers (~2 s each to load) and ~20 generations of <= 12 tokens.
 """
 
 from __future__ import annotations
 
 import json
 
+import anthropic
 import httpx
 import pytest
 from conftest import ROOT
-from server_support import ServerProcess, sse_events
+from server_support import ServerProcess, running, sse_events
 
 pytestmark = pytest.mark.slow
 
-KEY = "sk-compat-test"
 ORIGIN = "http://ui.test"
-# A vendored llama.cpp template that reads enable_thinking (Qwen3 adds an empty think block when it
-# is false). Its ChatML markers are special tokens of SmolLM2 too.
+# A vendored llama.cpp template that reads enable_thinking (Qwen3 adds an empty think block when it is false). Its
+# ChatML markers are special tokens of SmolLM2 too.
 QWEN3 = ROOT / "vendor" / "llama.cpp" / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
 CHAT = [{"role": "user", "content": "Name a color."}]
 
@@ -30,72 +29,49 @@ CHAT = [{"role": "user", "content": "Name a color."}]
 def srv(smollm2_path, tmp_path_factory):
     if not QWEN3.is_file():
         pytest.fail(f"{QWEN3} is missing: run `python tools/vendor.py fetch` (scripts/run.sh does)")
-    s = ServerProcess(
-        smollm2_path,
-        "--alias",
-        "smol",
-        "--api-key",
-        KEY,
-        "--cors-origin",
-        ORIGIN,
-        "--chat-template-file",
-        str(QWEN3),
-        log_dir=tmp_path_factory.mktemp("compat"),
-        api_key=KEY,
-    )
-    try:
-        s.wait_ready()
+    flags = ("--alias", "smol", "--cors-origins", ORIGIN, "--chat-template-file", str(QWEN3), "--slots", "-np", "2",
+             "--metrics")
+    with running(smollm2_path, *flags, log_dir=tmp_path_factory.mktemp("compat")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
 def http(srv):
-    with httpx.Client(base_url=srv.url, timeout=120, headers={"Authorization": f"Bearer {KEY}"}) as c:
+    with httpx.Client(base_url=srv.url, timeout=120) as c:
         yield c
 
 
-def _error(r: httpx.Response, status: int, param: str | None = None) -> dict:
+@pytest.fixture(scope="module")
+def claude(srv):
+    return anthropic.Anthropic(base_url=srv.url, api_key="not-needed", max_retries=0, timeout=120)
+
+
+def error_of(r: httpx.Response, status: int) -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}, err
-    if param is not None:
-        assert err["param"] == param and param in err["message"], err
+    assert err["code"] == status and err["message"] and err["type"], err
     return err
 
 
-# ---- OpenAI: nulls, developer, aliases ------------------------------------------------------------
+# ---- OpenAI routes: aliases, developer role, timings ---------------------------------------------------
 
 
-def test_null_optional_fields_mean_not_given(http):
-    nulls = dict.fromkeys(
-        ["temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "seed", "n", "stream",
-         "stream_options", "tools", "tool_choice", "response_format", "logprobs", "user",
-         "presence_penalty", "frequency_penalty", "logit_bias", "parallel_tool_calls",
-         "chat_template_kwargs", "reasoning_format", "grammar", "json_schema"]
-    )
-    messages = [{"role": "user", "content": "Hi", "name": None, "tool_calls": None}]
-    r = http.post("/v1/chat/completions", json={**nulls, "messages": messages, "max_completion_tokens": 4})
-    assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] <= 4
-    r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": None, "temperature": None,
-                                          "echo": None, "suffix": None})
-    assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] <= 16  # OpenAI's default max_tokens of completions
-
-
-def test_null_for_a_required_field_is_a_400_naming_it(http):
-    _error(http.post("/v1/chat/completions", json={"messages": None}), 400, "messages")
-    # strict JSON types stay: a string for a number is still refused
-    _error(http.post("/v1/chat/completions", json={"messages": CHAT, "temperature": "0.5"}), 400,
-           "temperature")
+def test_routes_without_v1_answer_like_their_v1_twins(http):
+    assert http.get("/models").json()["data"] == http.get("/v1/models").json()["data"]
+    body = {"messages": CHAT, "max_tokens": 6, "temperature": 0}
+    a = http.post("/chat/completions", json=body).json()
+    b = http.post("/v1/chat/completions", json=body).json()
+    assert a["object"] == "chat.completion" and a["choices"][0]["message"] == b["choices"][0]["message"]
+    # as in llama-server, /completions is the native /completion (only /v1/completions is OpenAI's)
+    body = {"prompt": "The sky is", "n_predict": 6, "max_tokens": 6, "temperature": 0}
+    a, b = http.post("/completions", json=body).json(), http.post("/completion", json=body).json()
+    oai = http.post("/v1/completions", json=body).json()
+    assert a["content"] == b["content"] == oai["choices"][0]["text"] and oai["object"] == "text_completion"
 
 
 def test_developer_role_is_rendered_as_system(http):
     def prompt(role: str) -> str:
-        body = {"messages": [{"role": role, "content": "Be brief."}, *CHAT]}
-        r = http.post("/apply-template", json=body)
+        r = http.post("/apply-template", json={"messages": [{"role": role, "content": "Be brief."}, *CHAT]})
         assert r.status_code == 200, r.text
         return r.json()["prompt"]
 
@@ -103,15 +79,16 @@ def test_developer_role_is_rendered_as_system(http):
     assert "<|im_start|>system\nBe brief." in prompt("developer")
 
 
-def test_routes_without_v1_answer_like_their_v1_twins(http):
-    assert http.get("/models").json() == http.get("/v1/models").json()
-    body = {"messages": CHAT, "max_tokens": 8, "temperature": 0}
-    a = http.post("/chat/completions", json=body).json()
-    b = http.post("/v1/chat/completions", json=body).json()
-    assert a["object"] == "chat.completion" and a["choices"][0]["message"] == b["choices"][0]["message"]
-    body = {"prompt": "The sky is", "max_tokens": 8, "temperature": 0}
-    a, b = http.post("/completions", json=body).json(), http.post("/v1/completions", json=body).json()
-    assert a["object"] == "text_completion" and a["choices"][0]["text"] == b["choices"][0]["text"]
+def test_chat_template_kwargs_change_the_rendered_prompt(http):
+    def render(**extra) -> str:
+        r = http.post("/apply-template", json={"messages": CHAT, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["prompt"]
+
+    off = render(chat_template_kwargs={"enable_thinking": False})
+    on = render(chat_template_kwargs={"enable_thinking": True})
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), off
+    assert on.endswith("<|im_start|>assistant\n") and on != off
 
 
 def test_openai_responses_carry_llama_server_timings(http):
@@ -124,21 +101,18 @@ def test_openai_responses_carry_llama_server_timings(http):
 # ---- llama-server's native endpoints ---------------------------------------------------------------
 
 
-def test_native_completion_takes_text_token_ids_or_both(http):
+def test_native_completion_takes_text_or_token_ids(http):
     ids = http.post("/tokenize", json={"content": "The sky is"}).json()["tokens"]
     base = {"n_predict": 6, "temperature": 0}
     by_text = http.post("/completion", json={**base, "prompt": "The sky is"}).json()
     by_ids = http.post("/completion", json={**base, "prompt": ids}).json()
-    mixed = http.post("/completion", json={**base, "prompt": ["The sky", *ids[-1:]]}).json()
-    assert by_text["content"] and by_text["content"] == by_ids["content"] == mixed["content"]
+    assert by_text["content"] and by_text["content"] == by_ids["content"]
     assert by_text["stop"] is True and by_text["stop_type"] == "limit" and by_text["tokens_predicted"] == 6
     assert by_text["tokens_evaluated"] == len(ids)
-    t = by_text["timings"]
-    assert {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second", "cache_n"} <= set(t)
-    assert t["predicted_n"] == 6
+    assert {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n"} <= set(by_text["timings"])
 
 
-def test_native_completion_streams_partials_then_one_final_stop_without_done(http):
+def test_native_completion_streams_partials_then_one_final_stop(http):
     body = {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0}
     whole = http.post("/completion", json=body).json()
     with http.stream("POST", "/completion", json={**body, "stream": True}) as r:
@@ -148,7 +122,7 @@ def test_native_completion_streams_partials_then_one_final_stop_without_done(htt
     *partials, final = events
     assert all(e["stop"] is False for e in partials) and final["stop"] is True
     assert "".join(e["content"] for e in events) == whole["content"]
-    assert final["tokens_predicted"] == 8 and final["timings"]["predicted_n"] == 8
+    assert final["tokens_predicted"] == 8
 
 
 def test_grammar_and_json_schema_constrain_native_and_openai_routes(http):
@@ -164,12 +138,10 @@ def test_grammar_and_json_schema_constrain_native_and_openai_routes(http):
     assert isinstance(json.loads(r["content"]), bool)
 
 
-def test_bad_grammar_or_schema_is_a_400_naming_the_field(http):
-    _error(http.post("/completion", json={"prompt": "x", "grammar": "root ::= (", "n_predict": 2}), 400, "grammar")
-    _error(http.post("/v1/chat/completions", json={"messages": CHAT, "grammar": "root ::= ("}), 400, "grammar")
-    _error(http.post("/v1/chat/completions", json={"messages": CHAT, "grammar": "root ::= \"a\"",
-                                                   "json_schema": {"type": "string"}}), 400, "grammar")
-    assert http.post("/completion", json={"prompt": "Hi", "n_predict": 2}).status_code == 200  # still serving
+def test_bad_grammar_is_a_400_and_the_server_keeps_serving(http):
+    err = error_of(http.post("/completion", json={"prompt": "x", "grammar": "root ::= (", "n_predict": 2}), 400)
+    assert "grammar" in err["message"]
+    assert http.post("/completion", json={"prompt": "Hi", "n_predict": 2}).status_code == 200
 
 
 def test_tokenize_detokenize_round_trip(http):
@@ -181,74 +153,89 @@ def test_tokenize_detokenize_round_trip(http):
     assert [p["id"] for p in pieces] == tokens
     raw = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces)
     assert raw.decode() == text
-    special = http.post("/tokenize", json={"content": "<|im_start|>"}).json()["tokens"]
-    assert len(special) == 1  # parse_special defaults to true, as llama-server's
+    assert len(http.post("/tokenize", json={"content": "<|im_start|>"}).json()["tokens"]) == 1  # parse_special
     assert len(http.post("/tokenize", json={"content": "<|im_start|>", "parse_special": False}).json()["tokens"]) > 1
-    _error(http.post("/detokenize", json={"tokens": [10**9]}), 400, "tokens")
+    # a token id outside the vocabulary: llama-server's out_of_range, answered as the client's error
+    assert error_of(http.post("/detokenize", json={"tokens": [999999999]}), 400)["type"] == "invalid_request_error"
 
 
-def test_props_reports_context_template_cache_types_and_build(http):
+def test_props_reports_context_template_and_slots(http):
     p = http.get("/props").json()
-    assert p["default_generation_settings"]["n_ctx"] == 1024 and p["model_alias"] == "smol"
-    assert p["default_generation_settings"]["params"]["temperature"] == 0.8
-    assert p["chat_template"] == QWEN3.read_text() and "enable_thinking" in p["chat_template"]
-    assert (p["cache_type_k"], p["cache_type_v"]) == ("f16", "f16") and p["build_info"]
-    assert p["total_slots"] >= 1 and p["jinja"] is True
+    assert p["default_generation_settings"]["n_ctx"] == 512  # 1024 cells over 2 slots
+    assert p["model_alias"] == "smol" and p["total_slots"] == 2
+    assert p["chat_template"] == QWEN3.read_text()
+    assert p["endpoint_slots"] is True and p["endpoint_metrics"] is True and p["endpoint_props"] is False
+    assert "--props" in error_of(http.post("/props", json={}), 501)["message"]  # as llama-server
 
 
-def test_chat_template_kwargs_change_the_rendered_prompt(http):
-    def render(**extra) -> str:
-        r = http.post("/apply-template", json={"messages": CHAT, **extra})
-        assert r.status_code == 200, r.text
-        return r.json()["prompt"]
-
-    off = render(chat_template_kwargs={"enable_thinking": False})
-    on = render(chat_template_kwargs={"enable_thinking": True})
-    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), off
-    assert on.endswith("<|im_start|>assistant\n") and on != off
-    assert render() == on  # Qwen3 thinks unless told not to
+def test_slots_lists_each_slot_and_its_state(http):
+    slots = http.get("/slots").json()
+    assert [s["id"] for s in slots] == [0, 1] and all(s["is_processing"] is False for s in slots)
+    assert all(s["n_ctx"] == 512 for s in slots)
+    err = error_of(http.post("/slots/0?action=save", json={"filename": "x.bin"}), 501)
+    assert "--slot-save-path" in err["message"]
 
 
-# ---- access: X-Api-Key, CORS; metrics -------------------------------------------------------------
+# ---- the Anthropic API -------------------------------------------------------------------------------
 
 
-def test_x_api_key_is_accepted_beside_bearer(srv):
-    assert httpx.get(srv.url + "/v1/models", headers={"X-Api-Key": KEY}).status_code == 200
-    assert httpx.get(srv.url + "/v1/models", headers={"X-Api-Key": "wrong"}).status_code == 401
-    assert httpx.get(srv.url + "/props").status_code == 401
+def test_anthropic_messages_create(claude):
+    m = claude.messages.create(model="smol", max_tokens=8, messages=CHAT, system="Be brief.",
+                               extra_body={"temperature": 0})
+    assert m.type == "message" and m.role == "assistant" and m.content[0].type == "text" and m.content[0].text
+    assert m.stop_reason in ("end_turn", "max_tokens") and 0 < m.usage.output_tokens <= 8
 
 
-def test_cors_preflight_is_answered_before_the_key_check(srv):
+def test_anthropic_stream_equals_the_non_streamed_greedy_answer(claude):
+    kw = dict(model="smol", max_tokens=8, messages=CHAT, extra_body={"temperature": 0})
+    whole = claude.messages.create(**kw)
+    with claude.messages.stream(**kw) as stream:
+        types = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert types[0] == "message_start" and types[-1] == "message_stop", types
+    assert "content_block_delta" in types and "message_delta" in types
+    assert final.content[0].text == whole.content[0].text and final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_anthropic_count_tokens_is_the_prompt_that_create_evaluates(claude, http):
+    msgs = [{"role": "user", "content": "Count these tokens, please."}]
+    n = claude.messages.count_tokens(model="smol", messages=msgs, system="Be brief.").input_tokens
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "Be brief."}, *msgs],
+                                                "max_tokens": 1}).json()
+    assert n == r["usage"]["prompt_tokens"] > 5
+    assert claude.messages.count_tokens(model="smol", messages=msgs).input_tokens < n
+
+
+# ---- CORS with a fixed origin; metrics ------------------------------------------------------------------
+
+
+def test_cors_with_a_fixed_origin(srv):
     pre = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
            "Access-Control-Request-Headers": "authorization,content-type"}
     r = httpx.options(srv.url + "/v1/chat/completions", headers=pre)
-    assert r.status_code == 204, r.text
-    assert r.headers["access-control-allow-origin"] == ORIGIN
-    assert "POST" in r.headers["access-control-allow-methods"]
-    assert r.headers["access-control-allow-headers"] == "authorization,content-type"
+    assert r.status_code in (200, 204), r.text
+    assert r.headers["access-control-allow-origin"] == ORIGIN and "POST" in r.headers["access-control-allow-methods"]
     other = httpx.options(srv.url + "/v1/chat/completions", headers={**pre, "Origin": "http://evil.test"})
-    assert "access-control-allow-origin" not in other.headers
-    # answers to an allowed origin carry the header, errors (401) included
-    ok = httpx.get(srv.url + "/v1/models", headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"})
-    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ORIGIN
-    denied = httpx.get(srv.url + "/v1/models", headers={"Origin": ORIGIN})
-    assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == ORIGIN
+    assert other.headers.get("access-control-allow-origin") in (None, ORIGIN)  # never the other origin
+    # as llama-server: every answer names the fixed origin, with or without an Origin header
+    assert httpx.get(srv.url + "/v1/models", headers={"Origin": ORIGIN}).headers["access-control-allow-origin"] == (
+        ORIGIN
+    )
+    assert httpx.get(srv.url + "/v1/models").headers["access-control-allow-origin"] == ORIGIN
 
 
-def test_metrics_carry_llama_server_names_beside_ours(srv, http):
+def test_metrics_carry_llama_server_names(srv, http):
     before = srv.metrics()
     http.post("/completion", json={"prompt": "Count: one, two,", "n_predict": 5, "temperature": 0})
     after = srv.metrics()
-    for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:n_decode_total",
-                 "llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total"):
-        assert after[name] > before.get(name, 0.0), name
     assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == 5
-    for name in ("llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:prompt_tokens_cached_total",
-                 "llama_vq_generated_tokens_total"):
+    for name in ("llamacpp:prompt_tokens_total", "llamacpp:n_decode_total", "llamacpp:requests_processing",
+                 "llamacpp:requests_deferred", "llamavq_http_requests_total", "llamavq_engine_ready"):
         assert name in after, name
 
 
-# ---- 400s for malformed history and templates; the worker survives them ------------------------------
+# ---- a chat template that raises: a 400, and the server lives -----------------------------------------------
 
 RAISING = (
     "{% for m in messages %}{% if 'FORBIDDEN' in m.content %}"
@@ -257,24 +244,7 @@ RAISING = (
 )
 
 
-@pytest.mark.parametrize(
-    ("messages", "param"),
-    [
-        ([{"role": "tool", "content": "42"}], "messages[0].tool_call_id"),
-        ([{"role": "user", "content": "Hi"},
-          {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
-                                                "function": {"name": "f", "arguments": "{not json"}}]}],
-         "messages[1].tool_calls[0].function.arguments"),
-        ([{"role": "user", "content": "Hi"}, {"role": "tool", "tool_call_id": "", "content": "42"}],
-         "messages[1].tool_call_id"),
-    ],
-)
-def test_malformed_tool_history_is_a_400_naming_message_and_field(http, messages, param):
-    _error(http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2}), 400, param)
-    _error(http.post("/apply-template", json={"messages": messages}), 400, param)
-
-
-def test_a_template_that_fails_is_a_400_and_cors_is_off_by_default(smollm2_path, tmp_path):
+def test_a_template_that_raises_is_a_400_and_cors_is_open_by_default(smollm2_path, tmp_path):
     tmpl = tmp_path / "raising.jinja"
     tmpl.write_text(RAISING)
     s = ServerProcess(smollm2_path, "--chat-template-file", str(tmpl), log_dir=tmp_path)
@@ -283,11 +253,10 @@ def test_a_template_that_fails_is_a_400_and_cors_is_off_by_default(smollm2_path,
         with httpx.Client(base_url=s.url, timeout=120) as c:
             bad = {"messages": [{"role": "user", "content": "say FORBIDDEN"}], "max_tokens": 2}
             for path in ("/apply-template", "/v1/chat/completions"):
-                err = _error(c.post(path, json=bad), 400)
-                assert "the word FORBIDDEN is not supported" in err["message"], err
+                assert "the word FORBIDDEN is not supported" in error_of(c.post(path, json=bad), 400)["message"]
             assert c.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}).status_code == 200
-            r = c.options("/v1/models", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "GET"})
-            assert "access-control-allow-origin" not in r.headers
-            assert "access-control-allow-origin" not in c.get("/v1/models", headers={"Origin": ORIGIN}).headers
+            # llama-server's default CORS: "*" with credentials, so a request's origin is echoed
+            r = c.get("/v1/models", headers={"Origin": ORIGIN})
+            assert r.headers["access-control-allow-origin"] == ORIGIN
     finally:
         s.stop()
