@@ -1027,9 +1027,18 @@ bool ggml_cuda_attn_decode_fused_auto(const ggml_tensor * kq, const ggml_tensor 
     if (q->ne[1] != 1) {
         return false;
     }
+#if defined(GGML_USE_HIP)
+    // HIP (gfx90a): the f32 V*P form for single-token decode. Its source runs correctly at wavefront 64 in the CPU
+    // emulation (tests/test_kernel_emulation_wavefronts.py), and on an NVIDIA GPU configured as HIP runs it, it
+    // decoded faster than the separate ops from 8K on (benchmarks/RESULTS.md, round 11). Never run on an AMD GPU.
+    GGML_UNUSED(k);
+    GGML_UNUSED(v);
+    return true;
+#else
     const int ncols = (int) (q->ne[2]/k->ne[2]);
     return attn_decode_vmma(ncols, (int) k->ne[0], (int) v->ne[0], attn_decode_row_bytes(k->type, k->ne[0]),
         attn_decode_row_bytes(v->type, v->ne[0]));
+#endif
 }
 
 bool ggml_cuda_attn_decode_fused_can_rotate(const ggml_tensor * kq, const int hadamard_n) {
