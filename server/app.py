@@ -108,7 +108,12 @@ def create_app(
     # innermost first: the body limit, keys, CORS (pre-flights before the key check)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_size)
     if settings.api_keys:
-        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, prefix=settings.api_prefix)
+        app.add_middleware(
+            ApiKeyMiddleware,
+            keys=settings.api_keys,
+            prefix=settings.api_prefix,
+            ready=lambda: app.state.ready.is_set() and engine.loop_alive,
+        )
     add_cors(app, settings.cors_origins, settings.cors_methods, settings.cors_headers, settings.cors_credentials)
     app.add_middleware(HeaderCaseMiddleware)  # outermost: every answer's header names as llama-server's
     return app

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -43,10 +43,16 @@ async def send_json(send: Send, status: int, body: bytes, headers: Iterable[tupl
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, keys: Iterable[str], prefix: str = "") -> None:
+    """`ready`: whether the model is loaded; until then requests go on without a key check, to the app's 503
+    "Loading model" (llama-server checks its state before the key)."""
+
+    def __init__(
+        self, app: ASGIApp, keys: Iterable[str], prefix: str = "", ready: Callable[[], bool] | None = None
+    ) -> None:
         self.app = app
         self.keys = [k.encode() for k in keys]
         self.open = frozenset(prefix + p for p in OPEN_PATHS)
+        self.ready = ready
 
     def allowed(self, authorization: bytes | None, x_api_key: bytes | None) -> bool:
         token = authorization or x_api_key or b""
@@ -57,6 +63,9 @@ class ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.open:
+            await self.app(scope, receive, send)
+            return
+        if self.ready is not None and not self.ready():
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
