@@ -110,11 +110,11 @@ def test_the_key_never_appears_in_the_log(srv):
 
 def test_every_route_answers_503_loading_model_until_the_model_is_loaded(tmp_path):
     """A model path that is a FIFO: the loader blocks on opening it, deterministically, while the sockets are
-    already bound. Opening the FIFO's other end (and closing it, an empty file) then makes the load fail, and
-    the server exits 1."""
+    already bound (with a key: until the model is loaded, the answer is 503 with or without one). Opening the FIFO's
+    other end (and closing it: an empty file) then makes the load fail, and the server exits 1."""
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)
-    s = ServerProcess(fifo, log_dir=tmp_path)
+    s = ServerProcess(fifo, "--api-key", KEY, log_dir=tmp_path, api_key=KEY)
     try:
         end = time.monotonic() + 60
         r = None
@@ -130,10 +130,20 @@ def test_every_route_answers_503_loading_model_until_the_model_is_loaded(tmp_pat
                              ("GET", "/metrics"), ("POST", "/completion")):
             r = httpx.request(method, s.url + path, json={} if method == "POST" else None, timeout=5)
             assert r.status_code == 503 and r.json() == LOADING, (path, r.text)
+        # as llama-server, the state is checked before the key: no key, or a wrong one, is a 503 too
+        r = httpx.get(s.url + "/v1/models", headers={"Authorization": "Bearer nope"}, timeout=5)
+        assert r.status_code == 503 and r.json() == LOADING, r.text
         assert "loading the model" in s.log()
-        fd = os.open(fifo, os.O_WRONLY)  # unblocks the loader, which reads an empty file
-        os.close(fd)
-        assert s.proc.wait(timeout=60) == 1, s.log()
+        # unblock the loader: each time it opens the FIFO (llama-server tries the file more than once) it reads an
+        # empty file
+        end = time.monotonic() + 60
+        while s.proc.poll() is None and time.monotonic() < end:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # ENXIO: no reader at this moment
+                pass
+            time.sleep(0.01)
+        assert s.proc.wait(timeout=10) == 1, s.log()
         assert "could not be loaded" in s.log()
     finally:
         s.stop()
