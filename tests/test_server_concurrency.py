@@ -116,7 +116,7 @@ def test_disconnect_while_waiting_for_the_slot_drops_the_queued_task(one_slot):
 def test_keepalive_comments_while_a_streamed_prompt_is_processed(one_slot):
     s = one_slot
     before = s.metrics().get("llamavq_sse_keepalives_total", 0)
-    prompt = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(40))  # ~600 tokens
+    prompt = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(10))  # ~150 tokens
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "stream": True,
             "cache_prompt": False}
     with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=120) as r:
@@ -140,6 +140,7 @@ def test_sigterm_with_a_request_running_exits_0_within_5_s(smollm2_path, tmp_pat
             s.proc.send_signal(signal.SIGTERM)
             rc = s.proc.wait(timeout=30)
             elapsed = time.monotonic() - t0
+            print(f"\nSIGTERM to exit: {elapsed:.2f} s")
             assert rc == 0 and elapsed < 5.0, (rc, elapsed, s.log()[-3000:])
             try:  # the request was cut: an error answer or a closed connection, never a full answer
                 r = fut.result(timeout=30)
