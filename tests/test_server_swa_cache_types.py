@@ -60,10 +60,8 @@ def test_swa_layers_get_their_own_types_in_the_served_context_without_fit(mimo_p
     assert _served_kv_reports(mimo_path, tmp_path, *SWA_FLAGS, "-fit", "off") == [("q4_0", "q4_0"), ("f16", "q8_0")]
 
 
-@pytest.mark.xfail(strict=True, reason="llama-server's load_model runs common_fit_params (-fit on, the default), whose "
-                   "probe context consumes the thread-local SWA types armed by llama_vq_server_load, so the served "
-                   "context gets the full layers' types")
-def test_swa_layers_get_their_own_types_in_the_served_context(mimo_path, tmp_path):
+def test_swa_layers_get_their_own_types_in_the_served_context_with_fit(mimo_path, tmp_path):
+    # -fit on (llama-server's default) creates a probe context before the served one: both must get the SWA types
     assert _served_kv_reports(mimo_path, tmp_path, *SWA_FLAGS) == [("q4_0", "q4_0"), ("f16", "q8_0")]
 
 

@@ -110,13 +110,15 @@ struct llama_vq_server {
         progress = std::move(p);
     }
 
-    // the SWA cache types are a thread-local of libllama (patch 0019), consumed by the next context created on
-    // that thread: armed before the first load (its thread) and before each wake (the loop thread)
-    void arm_swa_types() const {
-        if (swa_type_k >= 0 || swa_type_v >= 0) {
-            // GGML_TYPE_COUNT: the full layers' type
-            llama_vq_set_next_swa_cache_types(swa_type_k < 0 ? GGML_TYPE_COUNT : (ggml_type) swa_type_k,
-                                              swa_type_v < 0 ? GGML_TYPE_COUNT : (ggml_type) swa_type_v);
+    // the SWA cache types reach every context this server creates (llama-server's -fit probe, the context itself,
+    // each wake from sleep, a draft model's) through libllama's LLAMA_VQ_CACHE_TYPE_K_SWA / _V_SWA (patch 0010):
+    // its per-thread setter is consumed by the first context created, which with -fit on is the fit's probe
+    void set_swa_env() const {
+        if (swa_type_k >= 0) {
+            setenv("LLAMA_VQ_CACHE_TYPE_K_SWA", ggml_type_name((ggml_type) swa_type_k), 1);
+        }
+        if (swa_type_v >= 0) {
+            setenv("LLAMA_VQ_CACHE_TYPE_V_SWA", ggml_type_name((ggml_type) swa_type_v), 1);
         }
     }
 };
@@ -198,7 +200,7 @@ llama_vq_server * llama_vq_server_create(int argc, const char * const * argv, ch
             switch (state) {
                 case SERVER_STATE_LOADING:  raw->set_state(vq_state::loading, std::move(payload)); break;
                 case SERVER_STATE_READY:    raw->set_state(vq_state::ready); break;
-                case SERVER_STATE_SLEEPING: raw->set_state(vq_state::sleeping); raw->arm_swa_types(); break;
+                case SERVER_STATE_SLEEPING: raw->set_state(vq_state::sleeping); break;
                 default: break;
             }
         });
@@ -260,7 +262,7 @@ void llama_vq_server_set_swa_cache_types(llama_vq_server * srv, int type_k, int 
 int llama_vq_server_load(llama_vq_server * srv) {
     try {
         srv->set_state(vq_state::loading);
-        srv->arm_swa_types();
+        srv->set_swa_env();
         if (!srv->ctx_server.load_model(srv->params)) {
             std::lock_guard<std::mutex> lock(srv->mtx);
             srv->state = vq_state::failed;
@@ -286,7 +288,6 @@ char * llama_vq_server_state(const llama_vq_server * srv) {
 
 void llama_vq_server_run(llama_vq_server * srv) {
     try {
-        srv->arm_swa_types();   // for a wake from sleep on this thread
         if (!srv->terminated.load()) {
             srv->ctx_server.start_loop();
         }

@@ -51,7 +51,8 @@ LLAMA_VQ_SERVER_API char * llama_vq_server_params(const struct llama_vq_server *
 LLAMA_VQ_SERVER_API char * llama_vq_server_routes(const struct llama_vq_server * srv);
 
 // The sliding-window layers' own cache types (ggml type ids; -1 = the full layers' type), for every context
-// this server creates (the first load and each wake from --sleep-idle-seconds). Before load().
+// this server creates (llama-server's -fit probe, the context, each wake from --sleep-idle-seconds), through
+// libllama's LLAMA_VQ_CACHE_TYPE_K_SWA / _V_SWA of this process. Before load().
 LLAMA_VQ_SERVER_API void llama_vq_server_set_swa_cache_types(struct llama_vq_server * srv, int type_k, int type_v);
 
 // Load the model(s) and create the contexts. Blocks; returns 0 on success, -1 on failure.
