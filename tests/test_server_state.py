@@ -1,10 +1,12 @@
-"""KV state persistence (--state-dir) of a real llama-vq-server with SmolLM2, across restarts.
+"""The prompt cache on disk across restarts (--state-dir) of a real llama-vq-server, SmolLM2 and a MiMo-shaped model.
 
-Greedy outputs after a restore are compared with a fresh server's for the same prompt. Exact text
-equality is expected: the restored KV bytes are the ones a fresh run computes, and only the last
-prompt token (or the new suffix) is evaluated on top of them. It is the same assumption llama_cpp
-makes when it reuses its in-memory prefix, which every second request in these tests exercises too.
-CPU cost: about 8 short server runs and ~30 generations of <= 16 tokens; about 30-45 s on 2 cores.
+A server stopped with SIGTERM saves its slots (llama-server's slot save, with the SWA checkpoints of patch 0016) and
+a sidecar with their sha256 and identity; started again with the same flags it restores them before /health turns
+200, so the next request that extends a prompt served before the stop finds it cached (`timings.cache_n`). Greedy
+text after a restore must equal a fresh server's: the restored KV bytes are the ones a fresh run computes. A damaged
+file, or one written for another configuration, is deleted and never loaded.
+
+CPU cost: about 9 short server runs and generations of <= 16 tokens; ~40-60 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import httpx
 import pytest
 from server_support import ServerProcess
 
-from server.kv_store import MAGIC, SUFFIX, encode, read_header
-
 pytestmark = pytest.mark.slow
 
 PROMPT = (
@@ -25,237 +25,98 @@ PROMPT = (
     "combined movable metal type, oil-based ink and a wooden screw press. Within fifty years"
 )
 MORE = " printing shops had opened in more than two hundred European cities, and"
-STATE_FLAGS = ("--state-min-tokens", "8")
+FLAGS = ("-np", "1", "-ctv", "q4_0", "-fa", "off")
 
 
-def _complete(s: ServerProcess, prompt: str, max_tokens: int = 16) -> dict:
-    r = httpx.post(
-        s.url + "/v1/completions",
-        timeout=120,
-        json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
-    )
+def _complete(s: ServerProcess, prompt: str, n: int = 12) -> dict:
+    r = httpx.post(s.url + "/completion", timeout=120,
+                   json={"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": True})
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def _text(resp: dict) -> str:
-    return resp["choices"][0]["text"]
-
-
-def _files(d: Path) -> list[Path]:
-    return sorted(d.glob("*" + SUFFIX))
-
-
-def _assert_recomputed_as_foreign(s: ServerProcess) -> None:
-    """The state file on disk is refused as another configuration's: nothing restored, all recomputed."""
-    s.wait_ready()
-    r = _complete(s, PROMPT)
-    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert s.metrics()["llama_vq_kv_state_restored_tokens_total"] == 0
-    assert "belong to another model or configuration" in s.log()
-
-
-@pytest.fixture(scope="module")
-def fresh(smollm2_path, tmp_path_factory):
-    """Reference outputs from a server without --state-dir."""
-    s = ServerProcess(smollm2_path, log_dir=tmp_path_factory.mktemp("fresh"))
+def _serve_once(model: Path, state: Path, log_dir: Path, *prompts: str, flags: tuple[str, ...] = FLAGS) -> list[dict]:
+    """Start, answer the prompts in order, SIGTERM; the answers. The stop must be clean (exit 0)."""
+    s = ServerProcess(model, *flags, "--state-dir", str(state), log_dir=log_dir)
     try:
         s.wait_ready()
-        yield {p: _text(_complete(s, p)) for p in (PROMPT, PROMPT + MORE)}
+        out = [_complete(s, p) for p in prompts]
     finally:
-        s.stop()
+        rc = s.terminate()
+    assert rc == 0, s.log_path.read_text(errors="replace")[-3000:]
+    return out
 
 
-@pytest.fixture()
-def state_dir(smollm2_path, tmp_path):
-    """A state directory with the state of PROMPT's request, written by a server that exited 0."""
-    d = tmp_path / "kv"
-    s = ServerProcess(smollm2_path, "--state-dir", str(d), *STATE_FLAGS, log_dir=tmp_path)
-    s.wait_ready()
-    _complete(s, PROMPT)
-    assert s.terminate() == 0, s.log()
-    assert len(_files(d)) == 1, s.log()
-    return d
+def test_restart_restores_the_slot_and_reuses_its_prompt(smollm2_path, tmp_path):
+    state = tmp_path / "state"
+    (first,) = _serve_once(smollm2_path, state, tmp_path / "a", PROMPT)
+    assert first["timings"]["cache_n"] == 0
+    files = sorted(p.name for p in state.iterdir())
+    assert files == ["slot-0.bin", "slot-0.bin.checkpoints", "slot-0.json"], files
+    side = json.loads((state / "slot-0.json").read_text())
+    assert side["n_tokens"] >= first["tokens_evaluated"], side  # the prompt and what was generated after it
+    assert set(side["files"]) == {"slot-0.bin", "slot-0.bin.checkpoints"}
+
+    (after,) = _serve_once(smollm2_path, state, tmp_path / "b", PROMPT + MORE)
+    (fresh,) = _serve_once(smollm2_path, tmp_path / "fresh-state", tmp_path / "c", PROMPT + MORE)
+    # everything of PROMPT was cached after the restart, and only that part: the rest was evaluated
+    assert after["timings"]["cache_n"] >= first["tokens_evaluated"] - 1, after["timings"]
+    assert fresh["timings"]["cache_n"] == 0
+    assert after["content"] == fresh["content"]
 
 
-def test_restart_restores_the_prefix_and_gives_the_fresh_greedy_tokens(
-    smollm2_path, tmp_path, state_dir, fresh
-):
-    s = ServerProcess(smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, log_dir=tmp_path)
+def test_a_damaged_state_file_is_deleted_not_loaded(smollm2_path, tmp_path):
+    state = tmp_path / "state"
+    _serve_once(smollm2_path, state, tmp_path / "a", PROMPT)
+    data = bytearray((state / "slot-0.bin").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: the size still matches, the sha256 does not
+    (state / "slot-0.bin").write_bytes(bytes(data))
+    s = ServerProcess(smollm2_path, *FLAGS, "--state-dir", str(state), log_dir=tmp_path / "b")
     try:
         s.wait_ready()
-        same = _complete(s, PROMPT)
-        n_prompt = same["usage"]["prompt_tokens"]
-        assert same["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
-        assert _text(same) == fresh[PROMPT]
-        assert s.metrics()["llama_vq_kv_state_restored_tokens_total"] >= n_prompt
-
-        s.stop()  # and once more from disk, now with a longer prompt sharing the prefix
-        s = ServerProcess(
-            smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, log_dir=tmp_path
-        )
-        s.wait_ready()
-        longer = _complete(s, PROMPT + MORE)
-        assert longer["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_prompt
-        assert _text(longer) == fresh[PROMPT + MORE]
-        assert "restored KV state" in s.log()
+        assert "sha256 mismatch" in s.log()
+        assert not (state / "slot-0.json").exists()
+        again = _complete(s, PROMPT + MORE)
+        assert again["timings"]["cache_n"] == 0
     finally:
-        s.stop()
+        s.terminate()
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip-payload", "garbage"])
-def test_damaged_state_file_is_skipped_with_a_warning_and_recomputed(
-    smollm2_path, tmp_path, state_dir, fresh, damage
-):
-    (f,) = _files(state_dir)
-    raw = f.read_bytes()
-    f.write_bytes(
-        {
-            "truncate": raw[: len(raw) // 2],
-            "flip-payload": raw[:-100] + bytes(b ^ 0x5A for b in raw[-100:]),
-            "garbage": b"\0" * 64,
-        }[damage]
-    )
-    s = ServerProcess(smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, log_dir=tmp_path)
+def test_a_state_written_for_other_cache_types_is_not_loaded(smollm2_path, tmp_path):
+    state = tmp_path / "state"
+    _serve_once(smollm2_path, state, tmp_path / "a", PROMPT)
+    s = ServerProcess(smollm2_path, "-np", "1", "-ctv", "q8_0", "-fa", "off", "--state-dir", str(state),
+                      log_dir=tmp_path / "b")
     try:
         s.wait_ready()
-        r = _complete(s, PROMPT)
-        assert _text(r) == fresh[PROMPT]
-        assert "skipping KV state file" in s.log()
-        m = s.metrics()
-        assert m["llama_vq_kv_state_restored_tokens_total"] == 0
-        assert m["llama_vq_kv_state_rejected_total"] >= 1
+        assert "written by another model, build or cache configuration" in s.log()
+        assert _complete(s, PROMPT + MORE)["timings"]["cache_n"] == 0
     finally:
-        s.stop()
+        s.terminate()
 
 
-def test_state_that_llama_cpp_refuses_is_skipped_and_recomputed(
-    smollm2_path, tmp_path, state_dir, fresh
-):
-    """A file with valid checksums whose KV payload llama.cpp cannot read (wrong sequence magic)."""
-    (f,) = _files(state_dir)
-    header, tokens, offset = read_header(f, json.loads(_raw_header(f))["identity"])
-    payload = bytearray(f.read_bytes()[offset:])
-    payload[0] ^= 0xFF
-    prefix, body = encode(header["identity"], tokens, bytes(payload))
-    f.write_bytes(prefix + body)
-    s = ServerProcess(smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, log_dir=tmp_path)
+def test_an_empty_slot_leaves_no_file_and_the_budget_is_kept(smollm2_path, tmp_path):
+    state = tmp_path / "state"
+    _serve_once(smollm2_path, state, tmp_path / "a")  # nothing served: nothing saved
+    assert not list(state.glob("slot-*"))
+    # a budget smaller than one slot's state: the file is written, then deleted at once
+    s = ServerProcess(smollm2_path, *FLAGS, "--state-dir", str(state), "--state-budget", "1K", log_dir=tmp_path / "b")
     try:
         s.wait_ready()
-        assert _text(_complete(s, PROMPT)) == fresh[PROMPT]
-        assert "llama.cpp refused it" in s.log()
-        assert s.metrics()["llama_vq_kv_state_rejected_total"] >= 1
+        _complete(s, PROMPT)
     finally:
-        s.stop()
+        assert s.terminate() == 0
+    assert not list(state.glob("slot-*")), list(state.iterdir())
 
 
-def test_state_of_other_cache_types_is_never_loaded(smollm2_path, tmp_path, state_dir):
-    s = ServerProcess(
-        smollm2_path, "--state-dir", str(state_dir), *STATE_FLAGS, "-ctk", "q8_0", log_dir=tmp_path
-    )
-    try:
-        _assert_recomputed_as_foreign(s)
-    finally:
-        s.stop()
-    assert len(_files(state_dir)) == 2  # the f16 file is left alone; the q8_0 one is added
-
-
-def _raw_header(f: Path) -> bytes:
-    raw = f.read_bytes()
-    assert raw.startswith(MAGIC)
-    n = int.from_bytes(raw[len(MAGIC) : len(MAGIC) + 4], "little")
-    return raw[len(MAGIC) + 4 : len(MAGIC) + 4 + n]
-
-
-
-def test_state_files_shrink_by_the_cache_type_ratio(smollm2_path, tmp_path, record_property, build):
-    """KV payload = fixed part + n_tokens x (bytes of a K cell + bytes of a V cell), cells as allocated.
-
-    Measured with flash attention on (any build); with the V patch in the build, q8_0 K / q4_0 V
-    with flash attention off too, which must write exactly as many KV bytes.
-    """
-    configs = [
-        ("f16", "f16", "on"),
-        ("f16", "q8_0", "on"),
-        ("f16", "q4_0", "on"),
-        ("q8_0", "q4_0", "on"),
-    ]
-    if build.nonfa_quantized_v:
-        configs.append(("q8_0", "q4_0", "off"))
-    payload, files = {}, {}
-    cell = {}  # bytes of one KV cell of K and of V (all layers), as llama.cpp allocated them (/health)
-    n_tokens = 0
-    for k, v, fa in configs:
-        d = tmp_path / f"{k}-{v}-{fa}"
-        s = ServerProcess(
-            smollm2_path,
-            "--state-dir",
-            str(d),
-            *STATE_FLAGS,
-            "-ctk",
-            k,
-            "-ctv",
-            v,
-            "-fa",
-            fa,
-            log_dir=tmp_path,
-        )
-        try:
-            h = s.wait_ready()
-            kv, n_ctx = h["kv_cache_bytes"], h["n_ctx"]
-            assert kv["k"] % n_ctx == 0 and kv["v"] % n_ctx == 0, h
-            cell[("k", k)], cell[("v", v)] = kv["k"] // n_ctx, kv["v"] // n_ctx
-            r = _complete(s, PROMPT, max_tokens=1)  # the state holds exactly the prompt
-            n_tokens = r["usage"]["prompt_tokens"]
-            assert s.terminate() == 0
-        finally:
-            s.stop()
-        (f,) = _files(d)
-        header, _, _ = read_header(f, json.loads(_raw_header(f))["identity"])
-        payload[(k, v, fa)], files[(k, v, fa)] = header["payload_bytes"], f.stat().st_size
-    shown = {
-        f"K {k} / V {v} / FA {fa}": f"{files[c]} B file, {payload[c]} B KV"
-        for c in configs
-        for k, v, fa in [c]
-    }
-    record_property("state_files", shown)
-    print(f"\nstate files for {n_tokens} prompt tokens (SmolLM2-135M, CPU):", shown)
-    # Expected sizes from what the library allocated per cell (not from this test's idea of the model's shape)
-    v_tok = {t: n_tokens * cell[("v", t)] for t in ("f16", "q8_0", "q4_0")}
-    k_tok = {t: n_tokens * cell[("k", t)] for t in ("f16", "q8_0")}
-    p = {(k, v): payload[(k, v, "on")] for k, v, fa in configs if fa == "on"}
-    # Exact: the V part shrinks by the per-cell bytes; K and the fixed part are unchanged.
-    assert p[("f16", "f16")] - p[("f16", "q4_0")] == v_tok["f16"] - v_tok["q4_0"]
-    assert p[("f16", "f16")] - p[("f16", "q8_0")] == v_tok["f16"] - v_tok["q8_0"]
-    assert p[("f16", "q4_0")] - p[("q8_0", "q4_0")] == k_tok["f16"] - k_tok["q8_0"]
-    # the fixed part (metadata) is the same for every configuration
-    fixed = {c: payload[c] - k_tok[c[0]] - v_tok[c[1]] for c in configs}
-    assert len(set(fixed.values())) == 1 and 0 <= fixed[configs[0]] < 4096, fixed
-    if ("q8_0", "q4_0", "off") in payload:  # the V patch stores q4_0 V row-major: same bytes
-        assert payload[("q8_0", "q4_0", "off")] == p[("q8_0", "q4_0")]
-    # The file adds a header (identity with the patch list, checksums) and 4 bytes per token id.
-    for c in configs:
-        assert 0 < files[c] - payload[c] - 4 * n_tokens < 4096
-    # the README's "V part of a q4_0-V file is 3.56x smaller than with f16", from the files' V parts
-    v_f16 = p[("f16", "f16")] - fixed[configs[0]] - k_tok["f16"]
-    v_q4 = p[("f16", "q4_0")] - fixed[configs[0]] - k_tok["f16"]
-    assert round(v_f16 / v_q4, 2) == 3.56, (v_f16, v_q4)
-    record_property("state_fixed_bytes", fixed[configs[0]])
-
-
-def test_state_saved_with_kv_rotation_is_never_loaded_without_it(smollm2_path, tmp_path):
-    """llama.cpp rotates quantized K/V (Hadamard) unless LLAMA_ATTN_ROT_DISABLE is set: the stored rows differ."""
-    d = tmp_path / "kv"
-    flags = ("--state-dir", str(d), *STATE_FLAGS, "-ctk", "q8_0", "-ctv", "q8_0")
-    s = ServerProcess(smollm2_path, *flags, log_dir=tmp_path)
-    s.wait_ready()
-    _complete(s, PROMPT)
-    assert s.terminate() == 0, s.log()
-    assert len(_files(d)) == 1, s.log()
-
-    s = ServerProcess(smollm2_path, *flags, log_dir=tmp_path, env={"LLAMA_ATTN_ROT_DISABLE": "1"})
-    try:
-        _assert_recomputed_as_foreign(s)
-    finally:
-        s.stop()
-    assert len(_files(d)) == 2
+def test_sliding_window_model_reuses_a_rerendered_history_after_a_restart(mimo_path, tmp_path):
+    """MiMo-shaped (SWA window 32): the next prompt drops the end of the previous answer, as an agent's re-rendered
+    history does; only a checkpoint before the divergence lets the SWA layers resume, and it must survive the restart
+    (patch 0016)."""
+    state = tmp_path / "state"
+    head = PROMPT * 3
+    flags = ("-np", "1", "-ctk", "q8_0", "-ctv", "q4_0", "-fa", "off", "--ctx-checkpoints", "8")
+    (first,) = _serve_once(mimo_path, state, tmp_path / "a", head, flags=flags)
+    # a different continuation than the model's own 12 tokens: the prompt diverges right after `head`
+    (after,) = _serve_once(mimo_path, state, tmp_path / "b", head + MORE, flags=flags)
+    assert after["timings"]["cache_n"] >= 0.8 * first["tokens_evaluated"], (first["tokens_evaluated"], after["timings"])
