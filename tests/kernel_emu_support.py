@@ -8,15 +8,31 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from kernel_sources import cut, for_emulation, ggml_src_dir, kernel_path, kernel_source
+from kernel_sources import (
+    SourceUnavailable,
+    cut,
+    exported_tree,
+    for_emulation,
+    ggml_src_dir,
+    kernel_path,
+    kernel_source,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EMU = ROOT / "tests" / "fused_attn_emu"
 SURFACES = {"cuda": 32, "hip": 64}  # surface -> warp width
+
+
+def require_sources() -> None:
+    """Skip (with the reason) where no tree can be exported: the pinned llama.cpp is not in vendor/."""
+    try:
+        exported_tree()
+    except SourceUnavailable as e:
+        pytest.skip(f"no exported llama.cpp tree for the kernels' sources: {e}")
 
 
 def compiler() -> str:
@@ -65,22 +81,51 @@ def write_part(tmp: Path, name: str, text: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Build:
+    """One harness binary: tests/fused_attn_emu/`harness` for `surface`, -D<NAME>="<path>" per incs."""
+    tmp: Path
+    harness: str
+    surface: str
+    incs: dict[str, Path]
+    extra: tuple[str, ...] = ()
+    sanitize: str = "address,undefined"
+
+    @property
+    def exe(self) -> Path:
+        return self.tmp / f"{Path(self.harness).stem}-{self.surface}-{self.sanitize.replace(',', '-')}"
+
+    def command(self) -> list[str]:
+        src = ggml_src_dir()
+        cmd = [compiler(), "-std=c++20", "-O1", "-g", "-pthread", f"-fsanitize={self.sanitize}",
+               "-I", str(EMU / "include"), "-I", str(src.parent / "include"), "-I", str(src), "-I", str(EMU)]
+        if "undefined" in self.sanitize:
+            cmd.append("-fno-sanitize-recover=undefined")
+        if self.surface == "hip":
+            cmd.append("-DGGML_USE_HIP")
+        cmd += [f'-D{k}="{v}"' for k, v in self.incs.items()]
+        return ["nice", "-n", "5", *cmd, *self.extra, str(EMU / self.harness), "-o", str(self.exe)]
+
+
 def build(tmp: Path, harness: str, surface: str, incs: dict[str, Path], extra: tuple[str, ...] = (),
           sanitize: str = "address,undefined") -> Path:
-    """Compile tests/fused_attn_emu/`harness` for `surface` with -D<NAME>="<path>" per incs; returns the binary."""
-    exe = tmp / f"{Path(harness).stem}-{surface}-{sanitize.replace(',', '-')}"
-    tree_src = ggml_src_dir()
-    cmd = [compiler(), "-std=c++20", "-O1", "-g", "-pthread", f"-fsanitize={sanitize}",
-           "-I", str(EMU / "include"), "-I", str(tree_src.parent / "include"), "-I", str(tree_src), "-I", str(EMU)]
-    if "undefined" in sanitize:
-        cmd.append("-fno-sanitize-recover=undefined")
-    if surface == "hip":
-        cmd.append("-DGGML_USE_HIP")
-    cmd += [f'-D{k}="{v}"' for k, v in incs.items()]
-    cmd += [*extra, str(EMU / harness), "-o", str(exe)]
-    proc = subprocess.run(["nice", "-n", "5", *cmd], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return exe
+    return build_all([Build(tmp, harness, surface, incs, extra, sanitize)])[0]
+
+
+def build_all(builds: list[Build]) -> list[Path]:
+    """The binaries, as many compilers at once as there are CPUs (the suite runs serially; one g++ of a harness is
+    one core for ~40-80 s)."""
+    width = max(1, min(len(builds), os.cpu_count() or 1))
+    pending = list(builds)
+    running: list[subprocess.Popen] = []
+    while pending or running:
+        while pending and len(running) < width:
+            running.append(subprocess.Popen(pending.pop(0).command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True))
+        proc = running.pop(0)
+        _, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-6000:]
+    return [b.exe for b in builds]
 
 
 def run(exe: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -89,5 +134,5 @@ def run(exe: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProces
                           env=env)
 
 
-__all__ = ["SURFACES", "build", "cut", "dequantize_x8_part", "for_emulation", "kernel_path", "kernel_source",
-           "kernels_parts", "run", "write_part"]
+__all__ = ["SURFACES", "Build", "build", "build_all", "cut", "dequantize_x8_part", "for_emulation", "kernel_path",
+           "kernel_source", "kernels_parts", "require_sources", "run", "write_part"]

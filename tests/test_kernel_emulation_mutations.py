@@ -14,8 +14,7 @@ source by a textual mutation, must fail on the HIP surface and pass on the CUDA 
 from __future__ import annotations
 
 import pytest
-
-from kernel_emu_support import build, kernels_parts, run
+from kernel_emu_support import Build, build_all, kernels_parts, require_sources, run
 
 pytestmark = pytest.mark.slow
 
@@ -37,37 +36,48 @@ def ballot_32(surface: str) -> dict[str, tuple[str, str]]:
     return {"MMVQ_INC": (WRITE_BACK, new)}
 
 
-def build_variant(tmp_path_factory, name, surface, mutate, jobs, sanitize="address,undefined"):
-    tmp = tmp_path_factory.mktemp(name)
-    return build(tmp, "kernels_harness.cpp", surface, kernels_parts(tmp, mutate), jobs, sanitize)
+VARIANTS = {  # name: (surface, mutation, jobs, sanitizer)
+    "old-exchange-hip": ("hip", OLD_LANE_EXCHANGE, FWHT_ONLY, "thread"),
+    "exchange-hip": ("hip", None, FWHT_ONLY, "thread"),
+    "old-exchange-cuda": ("cuda", OLD_LANE_EXCHANGE, FWHT_ONLY, "thread"),
+    "ballot-hip": ("hip", ballot_32("hip"), MMVQ_ONLY, "address,undefined"),
+    "ballot-cuda": ("cuda", ballot_32("cuda"), MMVQ_ONLY, "address,undefined"),
+}
 
 
-def test_syncwarp_only_lane_exchange_races_at_wavefront_64(tmp_path_factory):
-    exe = build_variant(tmp_path_factory, "old-exchange-hip", "hip", OLD_LANE_EXCHANGE, FWHT_ONLY, "thread")
-    proc = run(exe, "fwht_fused")
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    """Every variant's harness, compiled at once (one job each)."""
+    require_sources()
+    builds = []
+    for name, (surface, mutate, jobs, sanitize) in VARIANTS.items():
+        tmp = tmp_path_factory.mktemp(name)
+        builds.append(Build(tmp, "kernels_harness.cpp", surface, kernels_parts(tmp, mutate), jobs, sanitize))
+    return dict(zip(VARIANTS, build_all(builds), strict=True))
+
+
+def test_syncwarp_only_lane_exchange_races_at_wavefront_64(variants):
+    proc = run(variants["old-exchange-hip"], "fwht_fused")
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "ThreadSanitizer: data race" in proc.stderr, proc.stderr[-3000:]
     assert "k_fwht_set_rows" in proc.stderr, proc.stderr[-3000:]
 
 
-def test_block_barrier_lane_exchange_is_race_free_at_wavefront_64(tmp_path_factory):
-    exe = build_variant(tmp_path_factory, "exchange-hip", "hip", None, FWHT_ONLY, "thread")
-    proc = run(exe, "fwht_fused")
+def test_block_barrier_lane_exchange_is_race_free_at_wavefront_64(variants):
+    proc = run(variants["exchange-hip"], "fwht_fused")
     assert proc.returncode == 0 and "ThreadSanitizer" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "all passed" in proc.stdout
 
 
-def test_syncwarp_only_lane_exchange_is_race_free_at_warp_32(tmp_path_factory):
-    exe = build_variant(tmp_path_factory, "old-exchange-cuda", "cuda", OLD_LANE_EXCHANGE, FWHT_ONLY, "thread")
-    proc = run(exe, "fwht_fused")
+def test_syncwarp_only_lane_exchange_is_race_free_at_warp_32(variants):
+    proc = run(variants["old-exchange-cuda"], "fwht_fused")
     assert proc.returncode == 0 and "ThreadSanitizer" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "all passed" in proc.stdout
 
 
 @pytest.mark.parametrize("surface", ["cuda", "hip"])
-def test_32_bit_ballot_mask_fails_only_at_wavefront_64(tmp_path_factory, surface):
-    exe = build_variant(tmp_path_factory, f"ballot-{surface}", surface, ballot_32(surface), MMVQ_ONLY)
-    proc = run(exe, "mmvq_short")
+def test_32_bit_ballot_mask_fails_only_at_wavefront_64(variants, surface):
+    proc = run(variants[f"ballot-{surface}"], "mmvq_short")
     print(proc.stdout)
     if surface == "cuda":
         assert proc.returncode == 0 and "all passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

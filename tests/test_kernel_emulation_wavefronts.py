@@ -15,16 +15,24 @@ error for the stores). AddressSanitizer and UBSan on. CPU: one g++ compile per s
 from __future__ import annotations
 
 import pytest
-
-from kernel_emu_support import build, kernels_parts, run
+from kernel_emu_support import Build, build_all, kernels_parts, require_sources, run
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["cuda", "hip"])
-def harness(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"kernels-{request.param}")
-    return build(tmp, "kernels_harness.cpp", request.param, kernels_parts(tmp)), request.param
+@pytest.fixture(scope="module")
+def harnesses(tmp_path_factory):
+    """The harness for both surfaces, compiled at once."""
+    require_sources()
+    tmp = tmp_path_factory.mktemp("kernels")
+    incs = kernels_parts(tmp)
+    surfaces = ("cuda", "hip")
+    return dict(zip(surfaces, build_all([Build(tmp, "kernels_harness.cpp", s, incs) for s in surfaces]), strict=True))
+
+
+@pytest.fixture(params=["cuda", "hip"])
+def harness(request, harnesses):
+    return harnesses[request.param], request.param
 
 
 def run_job(harness, job: str, min_cases: int) -> str:
