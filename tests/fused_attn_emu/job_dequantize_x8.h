@@ -37,18 +37,18 @@ static bool dequantize_x8_run(const int ne00, const int ne01, const int ne02, co
 
 static bool run_dequantize_x8() {
     bool all = true;
-    int seed = 400;
-    all = dequantize_x8_run<GGML_TYPE_Q4_0,   float>(128, 333, 8, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q4_1,   float>( 64, 129, 3, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q5_0,   float>(192,  77, 4, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q5_1,   float>(128, 101, 2, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q8_0,   float>(128, 257, 8, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_IQ4_NL, float>( 32, 301, 2, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q4_0,   half >(128, 100, 4, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q4_1,   half >(192,  65, 2, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q5_0,   half >( 64, 127, 3, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q5_1,   half >( 64,  33, 3, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_Q8_0,   half >(256,  50, 2, seed++) && all;
-    all = dequantize_x8_run<GGML_TYPE_IQ4_NL, half >(128,  99, 2, seed++) && all;
+    const int seed = 400;
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q4_0,   float>(128, 333, 8, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q4_1,   float>( 64, 129, 3, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q5_0,   float>(192,  77, 4, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q5_1,   float>(128, 101, 2, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q8_0,   float>(128, 257, 8, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_IQ4_NL, float>( 32, 301, 2, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q4_0,   half >(128, 100, 4, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q4_1,   half >(192,  65, 2, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q5_0,   half >( 64, 127, 3, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q5_1,   half >( 64,  33, 3, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_Q8_0,   half >(256,  50, 2, seed + g_emu_case));
+    EMU_CASE(dequantize_x8_run<GGML_TYPE_IQ4_NL, half >(128,  99, 2, seed + g_emu_case));
     return all;
 }

@@ -58,7 +58,7 @@ EMU_QUANTIZER(GGML_TYPE_IQ4_NL, block_iq4_nl, QK4_NL, quantize_f32_iq4_nl_block)
 #undef EMU_QUANTIZER
 
 // K rows [dk, n_head_kv] of ntok tokens into cache rows idx[t] of [dk*n_head_kv] values
-template <ggml_type type, int N>
+template <ggml_type type, int N, bool ROPE>
 static bool fwht_set_rows_run(const fwht_case & c, const int seed) {
     using block = typename emu_quantizer<type>::block;
     constexpr int qk = emu_quantizer<type>::qk;
@@ -102,14 +102,12 @@ static bool fwht_set_rows_run(const fwht_case & c, const int seed) {
     const dim3 grid((unsigned) ((nseg + FWHT_FUSED_ROWS - 1)/FWHT_FUSED_ROWS)), blk(EMU_WARP, FWHT_FUSED_ROWS);
     const int64_t nb1 = (int64_t) rb, nb2 = (int64_t) rb*kv_size, nb3 = nb2;
     const float scale = 1.0f/sqrtf((float) N);
+    if (c.rope != ROPE) {
+        abort();
+    }
     launch(grid, blk, 0, [&] {
-        if (c.rope) {
-            k_fwht_set_rows<N, int64_t, block, qk, emu_quantizer<type>::fn, true>(nullptr, idx.data(), cache.data(), nseg,
-                ne00, c.ntok, 1, 1, 1, 1, c.ntok, c.ntok, nb1, nb2, nb3, scale, rp);
-        } else {
-            k_fwht_set_rows<N, int64_t, block, qk, emu_quantizer<type>::fn, false>(x.data(), idx.data(), cache.data(), nseg,
-                ne00, c.ntok, 1, 1, 1, 1, c.ntok, c.ntok, nb1, nb2, nb3, scale, rp);
-        }
+        k_fwht_set_rows<N, int64_t, block, qk, emu_quantizer<type>::fn, ROPE>(ROPE ? nullptr : x.data(), idx.data(),
+            cache.data(), nseg, ne00, c.ntok, 1, 1, 1, 1, c.ntok, c.ntok, nb1, nb2, nb3, scale, rp);
     });
 
     // float64: the rope's output (or x), rotated per segment; the reference store: the same quantizer on its f32 values
@@ -180,22 +178,22 @@ static bool cont_fwht_run(const int dv, const int n_head, const int ntok, const 
 
 static bool run_fwht_fused() {
     bool all = true;
-    int seed = 300;
+    const int seed = 300;
     // dk, n_head_kv, ntok, N, rope, neox, n_dims, n_offs, freq_factors, ext_factor
-    all = fwht_set_rows_run<GGML_TYPE_Q4_0,   128>({128, 8, 3, 128, false, false,   0,  0, false, 0.0f}, seed++) && all; // 8B V
-    all = fwht_set_rows_run<GGML_TYPE_Q4_0,   128>({128, 8, 2, 128, true,  false, 128,  0, false, 0.0f}, seed++) && all; // 8B K: rope
-    all = fwht_set_rows_run<GGML_TYPE_Q8_0,   128>({128, 8, 1, 128, true,  true,  128,  0, true,  1.0f}, seed++) && all; // NEOX, YaRN
-    all = fwht_set_rows_run<GGML_TYPE_Q4_1,    64>({ 64, 3, 5,  64, true,  false,  64,  0, false, 0.0f}, seed++) && all; // SmolLM2
-    all = fwht_set_rows_run<GGML_TYPE_Q5_0,    64>({ 64, 3, 2,  64, false, false,   0,  0, false, 0.0f}, seed++) && all;
-    all = fwht_set_rows_run<GGML_TYPE_Q5_1,    64>({192, 4, 2,  64, true,  false, 192,  0, false, 0.0f}, seed++) && all; // MiMo K 192
-    all = fwht_set_rows_run<GGML_TYPE_IQ4_NL,  64>({192, 2, 3,  64, true,  true,   64, 64, true,  0.0f}, seed++) && all; // partial NEOX
-    all = fwht_set_rows_run<GGML_TYPE_Q8_0,   256>({256, 2, 2, 256, false, false,   0,  0, false, 0.0f}, seed++) && all;
-    all = fwht_set_rows_run<GGML_TYPE_Q4_0,   512>({512, 1, 2, 512, true,  true,  512,  0, false, 0.0f}, seed++) && all;
-    all = cont_fwht_run< 64>(128, 32, 1, seed++) && all;
-    all = cont_fwht_run<128>(128, 32, 3, seed++) && all;
-    all = cont_fwht_run<128>(128, 64, 1, seed++) && all; // MiMo V 128 at 64 heads
-    all = cont_fwht_run< 64>( 64,  9, 2, seed++) && all; // SmolLM2
-    all = cont_fwht_run<256>(256,  4, 5, seed++) && all;
-    all = cont_fwht_run<512>(512,  2, 1, seed++) && all;
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_Q4_0, 128, false>({128, 8, 3, 128, false, false,   0,  0, false, 0.0f}, seed + g_emu_case)); // 8B V
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_Q4_0, 128, true >({128, 8, 2, 128, true,  false, 128,  0, false, 0.0f}, seed + g_emu_case)); // 8B K: rope
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_Q8_0, 128, true >({128, 8, 1, 128, true,  true,  128,  0, true,  1.0f}, seed + g_emu_case)); // NEOX, YaRN
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_Q4_1,  64, true >({ 64, 3, 5,  64, true,  false,  64,  0, false, 0.0f}, seed + g_emu_case)); // SmolLM2
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_Q5_0,  64, false>({ 64, 3, 2,  64, false, false,   0,  0, false, 0.0f}, seed + g_emu_case));
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_Q5_1,  64, true >({192, 4, 2,  64, true,  false, 192,  0, false, 0.0f}, seed + g_emu_case)); // MiMo K 192
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_IQ4_NL,  64, true >({192, 2, 3,  64, true,  true,   64, 64, true,  0.0f}, seed + g_emu_case)); // partial NEOX
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_Q8_0, 256, false>({256, 2, 2, 256, false, false,   0,  0, false, 0.0f}, seed + g_emu_case));
+    EMU_CASE(fwht_set_rows_run<GGML_TYPE_Q4_0, 512, true >({512, 1, 2, 512, true,  true,  512,  0, false, 0.0f}, seed + g_emu_case));
+    EMU_CASE(cont_fwht_run< 64>(128, 32, 1, seed + g_emu_case));
+    EMU_CASE(cont_fwht_run<128>(128, 32, 3, seed + g_emu_case));
+    EMU_CASE(cont_fwht_run<128>(128, 64, 1, seed + g_emu_case)); // MiMo V 128 at 64 heads
+    EMU_CASE(cont_fwht_run< 64>( 64,  9, 2, seed + g_emu_case)); // SmolLM2
+    EMU_CASE(cont_fwht_run<256>(256,  4, 5, seed + g_emu_case));
+    EMU_CASE(cont_fwht_run<512>(512,  2, 1, seed + g_emu_case));
     return all;
 }

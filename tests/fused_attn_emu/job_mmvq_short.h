@@ -85,20 +85,20 @@ static bool mmvq_run(const mmvq_case & c, const int seed) {
 
 static bool run_mmvq_short() {
     bool all = true;
-    int seed = 100;
+    const int seed = 100;
     // dk, n_kv, n_head, n_head_kv, ntok, n_stream, rot, nsm
-    all = mmvq_run<GGML_TYPE_Q4_0,   4, 16>({128,    1, 32, 8, 1, 1,   0, 104}, seed++) && all; // 8B: GQA 4
-    all = mmvq_run<GGML_TYPE_Q4_0,   8, 16>({128,  133, 32, 8, 2, 1,   0, 104}, seed++) && all; // 2 tokens: 8 columns
-    all = mmvq_run<GGML_TYPE_Q4_1,   4, 16>({128,  301, 32, 8, 1, 2, 128, 104}, seed++) && all; // rotated (kq), 2 streams
-    all = mmvq_run<GGML_TYPE_Q8_0,   4, 16>({128,  257, 32, 8, 1, 1,  64, 132}, seed++) && all;
-    all = mmvq_run<GGML_TYPE_Q5_0,   4,  8>({ 64,  129,  9, 3, 1, 1,   0, 104}, seed++) && all; // SmolLM2: head 64, GQA 3
-    all = mmvq_run<GGML_TYPE_Q5_1,   8,  8>({ 64,  515,  9, 3, 2, 1,  64, 104}, seed++) && all; // 6 columns, rotated
-    all = mmvq_run<GGML_TYPE_IQ4_NL, 4,  8>({ 64,   63,  9, 3, 1, 1,   0,   8}, seed++) && all;
-    all = mmvq_run<GGML_TYPE_Q8_0,   8,  8>({192,  301, 64, 8, 1, 1,  64, 104}, seed++) && all; // MiMo K 192 at GQA 8
-    all = mmvq_run<GGML_TYPE_Q4_0,   8,  8>({192,  250, 64, 8, 1, 1,   0, 104}, seed++) && all;
-    all = mmvq_run<GGML_TYPE_Q4_1,   2, 32>({256,  300,  4, 2, 1, 1, 256, 104}, seed++) && all; // tpr 32
-    all = mmvq_run<GGML_TYPE_Q8_0,   1, 32>({512,  201,  2, 2, 1, 1,   0, 104}, seed++) && all; // one column, tpr 32
-    all = mmvq_run<GGML_TYPE_Q5_0,   8, 32>({256,   77, 16, 2, 1, 1, 128,   4}, seed++) && all;
-    all = mmvq_run<GGML_TYPE_IQ4_NL, 2,  4>({ 32,   45,  4, 2, 1, 1,  32, 104}, seed++) && all; // tpr 4
+    EMU_CASE(mmvq_run<GGML_TYPE_Q4_0,   4, 16>({128,    1, 32, 8, 1, 1,   0, 104}, seed + g_emu_case)); // 8B: GQA 4
+    EMU_CASE(mmvq_run<GGML_TYPE_Q4_0,   8, 16>({128,  133, 32, 8, 2, 1,   0, 104}, seed + g_emu_case)); // 2 tokens: 8 columns
+    EMU_CASE(mmvq_run<GGML_TYPE_Q4_1,   4, 16>({128,  301, 32, 8, 1, 2, 128, 104}, seed + g_emu_case)); // rotated (kq), 2 streams
+    EMU_CASE(mmvq_run<GGML_TYPE_Q8_0,   4, 16>({128,  257, 32, 8, 1, 1,  64, 132}, seed + g_emu_case));
+    EMU_CASE(mmvq_run<GGML_TYPE_Q5_0,   4,  8>({ 64,  129,  9, 3, 1, 1,   0, 104}, seed + g_emu_case)); // SmolLM2: head 64, GQA 3
+    EMU_CASE(mmvq_run<GGML_TYPE_Q5_1,   8,  8>({ 64,  515,  9, 3, 2, 1,  64, 104}, seed + g_emu_case)); // 6 columns, rotated
+    EMU_CASE(mmvq_run<GGML_TYPE_IQ4_NL, 4,  8>({ 64,   63,  9, 3, 1, 1,   0,   8}, seed + g_emu_case));
+    EMU_CASE(mmvq_run<GGML_TYPE_Q8_0,   8,  8>({192,  301, 64, 8, 1, 1,  64, 104}, seed + g_emu_case)); // MiMo K 192 at GQA 8
+    EMU_CASE(mmvq_run<GGML_TYPE_Q4_0,   8,  8>({192,  250, 64, 8, 1, 1,   0, 104}, seed + g_emu_case));
+    EMU_CASE(mmvq_run<GGML_TYPE_Q4_1,   2, 32>({256,  300,  4, 2, 1, 1, 256, 104}, seed + g_emu_case)); // tpr 32
+    EMU_CASE(mmvq_run<GGML_TYPE_Q8_0,   1, 32>({512,  201,  2, 2, 1, 1,   0, 104}, seed + g_emu_case)); // one column, tpr 32
+    EMU_CASE(mmvq_run<GGML_TYPE_Q5_0,   8, 32>({256,   77, 16, 2, 1, 1, 128,   4}, seed + g_emu_case));
+    EMU_CASE(mmvq_run<GGML_TYPE_IQ4_NL, 2,  4>({ 32,   45,  4, 2, 1, 1,  32, 104}, seed + g_emu_case)); // tpr 4
     return all;
 }

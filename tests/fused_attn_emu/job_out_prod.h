@@ -81,19 +81,19 @@ static bool out_prod_run(const out_prod_case & c, const int seed) {
 
 static bool run_out_prod() {
     bool all = true;
-    int seed = 200;
+    const int seed = 200;
     // dv, n_kv, n_head, n_head_kv, ntok, n_stream, nsm
-    all = out_prod_run<GGML_TYPE_Q4_0,   4>({128,    1, 32, 8,  1, 1, 104}, seed++) && all; // 8B: GQA 4
-    all = out_prod_run<GGML_TYPE_Q4_0,   8>({128, 1001, 32, 8,  3, 1, 104}, seed++) && all; // 12 columns, chunks
-    all = out_prod_run<GGML_TYPE_Q4_1,   8>({128,  300, 32, 8, 16, 1, 104}, seed++) && all; // 64 columns
-    all = out_prod_run<GGML_TYPE_Q8_0,   4>({128, 4099, 32, 8,  1, 1, 132}, seed++) && all; // many chunks
-    all = out_prod_run<GGML_TYPE_Q5_0,   4>({ 64,  333,  9, 3,  1, 2, 104}, seed++) && all; // SmolLM2: GQA 3, 2 streams
-    all = out_prod_run<GGML_TYPE_Q5_1,   8>({ 64,  129,  9, 3,  2, 1,   8}, seed++) && all;
-    all = out_prod_run<GGML_TYPE_IQ4_NL, 8>({ 64,   77,  9, 3, 11, 1, 104}, seed++) && all; // 33 columns
-    all = out_prod_run<GGML_TYPE_Q8_0,   8>({128,  901, 64, 8,  1, 1, 104}, seed++) && all; // MiMo V 128 at GQA 8
-    all = out_prod_run<GGML_TYPE_Q4_0,   8>({128,  513, 64, 4,  2, 1, 104}, seed++) && all; // GQA 16: 32 columns
-    all = out_prod_run<GGML_TYPE_Q4_1,   1>({192,  250,  4, 4,  1, 1, 104}, seed++) && all; // 24 threads per row
-    all = out_prod_run<GGML_TYPE_Q8_0,   2>({512,  130,  4, 2,  1, 1, 104}, seed++) && all;
-    all = out_prod_run<GGML_TYPE_Q4_0,   4>({1024,  65,  4, 1,  1, 1, 104}, seed++) && all; // 128 threads per row
+    EMU_CASE(out_prod_run<GGML_TYPE_Q4_0,   4>({128,    1, 32, 8,  1, 1, 104}, seed + g_emu_case)); // 8B: GQA 4
+    EMU_CASE(out_prod_run<GGML_TYPE_Q4_0,   8>({128, 1001, 32, 8,  3, 1, 104}, seed + g_emu_case)); // 12 columns, chunks
+    EMU_CASE(out_prod_run<GGML_TYPE_Q4_1,   8>({128,  300, 32, 8, 16, 1, 104}, seed + g_emu_case)); // 64 columns
+    EMU_CASE(out_prod_run<GGML_TYPE_Q8_0,   4>({128, 4099, 32, 8,  1, 1, 132}, seed + g_emu_case)); // many chunks
+    EMU_CASE(out_prod_run<GGML_TYPE_Q5_0,   4>({ 64,  333,  9, 3,  1, 2, 104}, seed + g_emu_case)); // SmolLM2: GQA 3, 2 streams
+    EMU_CASE(out_prod_run<GGML_TYPE_Q5_1,   8>({ 64,  129,  9, 3,  2, 1,   8}, seed + g_emu_case));
+    EMU_CASE(out_prod_run<GGML_TYPE_IQ4_NL, 8>({ 64,   77,  9, 3, 11, 1, 104}, seed + g_emu_case)); // 33 columns
+    EMU_CASE(out_prod_run<GGML_TYPE_Q8_0,   8>({128,  901, 64, 8,  1, 1, 104}, seed + g_emu_case)); // MiMo V 128 at GQA 8
+    EMU_CASE(out_prod_run<GGML_TYPE_Q4_0,   8>({128,  513, 64, 4,  2, 1, 104}, seed + g_emu_case)); // GQA 16: 32 columns
+    EMU_CASE(out_prod_run<GGML_TYPE_Q4_1,   1>({192,  250,  4, 4,  1, 1, 104}, seed + g_emu_case)); // 24 threads per row
+    EMU_CASE(out_prod_run<GGML_TYPE_Q8_0,   2>({512,  130,  4, 2,  1, 1, 104}, seed + g_emu_case));
+    EMU_CASE(out_prod_run<GGML_TYPE_Q4_0,   4>({1024,  65,  4, 1,  1, 1, 104}, seed + g_emu_case)); // 128 threads per row
     return all;
 }

@@ -4,8 +4,9 @@
 // fold (fwht-fused.cu) and dequantize_x8_rows (dequantize-x8.cuh). The kernels' text is the files the build compiles
 // (the *_INC parts, cut by tests/kernel_emu_support.py); each job states its references and bounds.
 //
-//   kernels_harness JOB   JOB = mmvq_short | out_prod | fwht_fused | dequantize_x8; one line per case, then
-//                         "all passed" (exit status 0) or "FAILED" (1)
+//   kernels_harness JOB [I,J,...]   JOB = mmvq_short | out_prod | fwht_fused | dequantize_x8; one line per case
+//                                   (only cases I, J, ... of the job's list if given), then "all passed" (exit
+//                                   status 0) or "FAILED" (1)
 #include "cuda_surface.h"
 #include "launch.h"
 
@@ -32,6 +33,9 @@
 
 int main(int argc, char ** argv) {
     const char * job = argc > 1 ? argv[1] : "";
+    for (const char * s = argc > 2 ? argv[2] : nullptr; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : nullptr) {
+        g_emu_cases.push_back(atoi(s));
+    }
     bool all;
     if (false) {
 #if EMU_JOBS & 1
