@@ -1,22 +1,47 @@
-// The CUDA surface that attn-decode-fused.cu's kernels use, on std::threads (tests/fused_attn_emu/harness.cpp runs
-// them): thread and block indices, barriers, warp shuffles and 0040's two warp-wide matrix instructions as exchanges
-// between barriers of a warp's 32 threads, f16 arithmetic rounded once to nearest even, and ggml's three block types
-// with the x8 dequantizer.
+// The CUDA and HIP surface our kernels use, on std::threads (launch.h runs them): thread and block indices, barriers,
+// warp shuffles, ballots and 0040's two warp-wide matrix instructions as exchanges between barriers of a warp's lanes,
+// f16 arithmetic rounded once to nearest even, and ggml's block types (ggml.h and ggml-common.h of the exported tree).
+//
+// Two surfaces, chosen at compile time (a kernel's warp size is a constant expression, as on the GPU):
+//   CUDA (default):        32-lane warps; __syncwarp() a barrier of the warp; 32-bit ballots; H200 shared memory
+//   HIP (-DGGML_USE_HIP):  gfx90a as a ggml HIP build compiles it (__GFX9__): 64-lane wavefronts; the *_sync shuffles
+//                          mapped to __shfl_xor/__shfl (their mask ignored) as ggml's vendors/hip.h does; 64-bit
+//                          __ballot/__activemask; ggml_cuda_syncwarp() a no-op and __syncwarp() absent (ggml defines
+//                          HIP_DISABLE_WARP_SYNC_BUILTINS); 64 KiB of LDS per workgroup
+// ggml's own definitions (WARP_SIZE 32 on every backend, ggml_cuda_get_physical_warp_size(), the warp reductions with
+// a default width of WARP_SIZE, ggml_cuda_syncwarp) are restated from common.cuh below as they read there.
 #pragma once
 #include <algorithm>
 #include <barrier>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <type_traits>
 
-// ---- the CUDA surface the kernels use ----
+#if defined(GGML_USE_HIP)
+#define __GFX9__        // gfx90a
+#define GGML_COMMON_DECL_HIP
+#define GGML_COMMON_IMPL_HIP
+#else
+#define GGML_COMMON_DECL_CUDA
+#define GGML_COMMON_IMPL_CUDA
+#endif
+
+// ---- the language surface ----
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
-#define __shared__
+#define NO_DEVICE_CODE do { fprintf(stderr, "NO_DEVICE_CODE reached\n"); abort(); } while (0)
+#define GGML_UNUSED(x) (void) (x)
 // programmatic dependent launch (0043): one grid at a time here, nothing to wait for
 static inline void ggml_cuda_pdl_sync() {}
 static inline void ggml_cuda_pdl_lc() {}
@@ -25,6 +50,7 @@ struct dim3_t { unsigned x = 0, y = 0, z = 0; };
 static thread_local dim3_t threadIdx;
 static thread_local dim3_t blockIdx;
 static dim3_t blockDim;
+static dim3_t gridDim;
 
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
@@ -33,7 +59,6 @@ struct int4 { int x, y, z, w; };
 static inline float2 make_float2(float x, float y) { return {x, y}; }
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 static inline int2 make_int2(int x, int y) { return {x, y}; }
-struct half { uint16_t bits; };
 
 static float fp16_to_fp32(uint16_t h) {
     const uint32_t sign = (uint32_t) (h >> 15) << 31;
@@ -53,69 +78,6 @@ static float fp16_to_fp32(uint16_t h) {
     std::memcpy(&f, &u, 4);
     return f;
 }
-static inline float __half2float(half h) { return fp16_to_fp32(h.bits); }
-struct half2 { half x, y; };
-static inline float2 __half22float2(half2 h) { return {fp16_to_fp32(h.x.bits), fp16_to_fp32(h.y.bits)}; }
-
-// dp4a: c + the dot product of a's and b's four signed bytes
-static inline int ggml_cuda_dp4a(const int a, const int b, int c) {
-    for (int l = 0; l < 4; ++l) {
-        c += (int) (int8_t) (a >> (8*l)) * (int) (int8_t) (b >> (8*l));
-    }
-    return c;
-}
-
-// ggml_cuda_memcpy_1<nbytes, alignment>: a copy (alignment as ggml's: the size of each access)
-template <int nbytes, int alignment = 0>
-static inline void ggml_cuda_memcpy_1(void * dst, const void * src) {
-    static_assert(alignment == 0 || nbytes % alignment == 0, "bad alignment");
-    std::memcpy(dst, src, nbytes);
-}
-static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-using std::min;
-using std::max;
-
-static std::barrier<> * g_block_bar = nullptr;
-static std::barrier<> * g_warp_bar[4] = {};
-static float g_xch[128];
-
-static inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
-
-// the exchange every warp-wide instruction here is made of: each of the warp's 32 threads writes its value into
-// buf [128], and after the second barrier reads the warp's 32 values (returned: the warp's first slot); the next
-// exchange's first barrier keeps a thread's next write from overtaking another's read
-template <typename T>
-static const T * warp_exchange(T * buf, const T & v) {
-    const int t = (int) threadIdx.x;
-    g_warp_bar[t / 32]->arrive_and_wait();
-    buf[t] = v;
-    g_warp_bar[t / 32]->arrive_and_wait();
-    return buf + (t - t % 32);
-}
-
-static inline float __shfl_xor_sync(unsigned, float v, int offset, int width) {
-    const int lane = (int) threadIdx.x % 32;
-    const int src  = (lane & ~(width - 1)) | ((lane ^ offset) & (width - 1));
-    return warp_exchange(g_xch, v)[src];
-}
-
-template <int width>
-static inline float warp_reduce_sum(float x) {
-    for (int offset = width/2; offset > 0; offset >>= 1) {
-        x += __shfl_xor_sync(0xffffffff, x, offset, width);
-    }
-    return x;
-}
-
-template <int width>
-static inline float warp_reduce_max(float x) {
-    for (int offset = width/2; offset > 0; offset >>= 1) {
-        x = std::fmax(x, __shfl_xor_sync(0xffffffff, x, offset, width));
-    }
-    return x;
-}
-
-// ---- f16 arithmetic, byte permutes and the two warp-wide matrix instructions of 0040's tensor-core V*P ----
 // a double rounded to the nearest f16 (ties to even; subnormals; inf past the largest finite value)
 static uint16_t fp64_to_fp16(const double v) {
     if (std::isnan(v)) {
@@ -140,7 +102,242 @@ static uint16_t fp64_to_fp16(const double v) {
     const double f = std::frexp(r, &e2);
     return sign | (uint16_t) ((e2 - 1 + 15) << 10) | (uint16_t) std::ldexp(2.0*f - 1.0, 10);
 }
-static inline half mkh(const double v) { return half{fp64_to_fp16(v)}; }
+// half converts from and to float implicitly as CUDA's and HIP's do (rounded to nearest even)
+struct half {
+    uint16_t bits;
+    half() = default;
+    half(const float f) : bits(fp64_to_fp16(f)) {}
+    operator float() const { return fp16_to_fp32(bits); }
+    static half raw(const uint16_t b) { half h; h.bits = b; return h; }
+};
+struct half2 { half x, y; };
+static inline float __half2float(half h) { return fp16_to_fp32(h.bits); }
+static inline float2 __half22float2(half2 h) { return {fp16_to_fp32(h.x.bits), fp16_to_fp32(h.y.bits)}; }
+static inline float __int_as_float(const int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline int __float_as_int(const float f) { int i; std::memcpy(&i, &f, 4); return i; }
+
+template <typename dst_t, typename src_t>
+static inline dst_t ggml_cuda_cast(src_t x) {
+    if constexpr (std::is_same_v<dst_t, src_t>) {
+        return x;
+    } else {
+        return dst_t(float(x));
+    }
+}
+
+// dp4a: c + the dot product of a's and b's four signed bytes
+static inline int ggml_cuda_dp4a(const int a, const int b, int c) {
+    for (int l = 0; l < 4; ++l) {
+        c += (int) (int8_t) (a >> (8*l)) * (int) (int8_t) (b >> (8*l));
+    }
+    return c;
+}
+
+// ggml_cuda_memcpy_1<nbytes, alignment>: a copy (alignment as ggml's: the size of each access)
+template <int nbytes, int alignment = 0>
+static inline void ggml_cuda_memcpy_1(void * dst, const void * src) {
+    static_assert(alignment == 0 || nbytes % alignment == 0, "bad alignment");
+    std::memcpy(dst, src, nbytes);
+}
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// the device min/max overloads (mixed-width integers promote as in C)
+static inline int min(const int a, const int b) { return a < b ? a : b; }
+static inline int max(const int a, const int b) { return a > b ? a : b; }
+static inline unsigned min(const unsigned a, const unsigned b) { return a < b ? a : b; }
+static inline unsigned max(const unsigned a, const unsigned b) { return a > b ? a : b; }
+static inline long long min(const long long a, const long long b) { return a < b ? a : b; }
+static inline long long max(const long long a, const long long b) { return a > b ? a : b; }
+static inline long min(const long a, const long b) { return a < b ? a : b; }
+static inline long max(const long a, const long b) { return a > b ? a : b; }
+static inline float min(const float a, const float b) { return std::fmin(a, b); }
+static inline float max(const float a, const float b) { return std::fmax(a, b); }
+
+// ---- ggml's types and block layouts, from the exported tree (-I ggml/include -I ggml/src; the f16 headers that
+// ggml-common.h includes are empty stand-ins in include/, the types being the ones above) ----
+#include "ggml.h"
+#include "ggml-common.h"
+
+template <ggml_type type> struct ggml_cuda_type_traits;
+#define EMU_TRAITS(T, QK, QR, BLOCK) \
+    template <> struct ggml_cuda_type_traits<T> { static constexpr int qk = QK; static constexpr int qr = QR; \
+        static constexpr int bs = sizeof(BLOCK); }
+EMU_TRAITS(GGML_TYPE_Q4_0,   QK4_0,  QR4_0,  block_q4_0);
+EMU_TRAITS(GGML_TYPE_Q4_1,   QK4_1,  QR4_1,  block_q4_1);
+EMU_TRAITS(GGML_TYPE_Q5_0,   QK5_0,  QR5_0,  block_q5_0);
+EMU_TRAITS(GGML_TYPE_Q5_1,   QK5_1,  QR5_1,  block_q5_1);
+EMU_TRAITS(GGML_TYPE_Q8_0,   QK8_0,  QR8_0,  block_q8_0);
+EMU_TRAITS(GGML_TYPE_IQ4_NL, QK4_NL, QR4_NL, block_iq4_nl);
+#undef EMU_TRAITS
+
+// ---- the warp: WARP_SIZE and the physical warp size as common.cuh defines them ----
+#define WARP_SIZE 32
+static constexpr int ggml_cuda_get_physical_warp_size() {
+#if defined(GGML_USE_HIP) && (defined(__GFX9__) || defined(__GFX8__))
+    return 64;
+#else
+    return 32;
+#endif // defined(GGML_USE_HIP) && (defined(__GFX9__) || defined(__GFX8__))
+}
+static constexpr int EMU_WARP = ggml_cuda_get_physical_warp_size();
+#if defined(GGML_USE_HIP)
+static constexpr size_t EMU_LDS_LIMIT     = 65536;  // gfx90a: 64 KiB of LDS per workgroup, static and dynamic
+static constexpr size_t EMU_STATIC_LIMIT  = 65536;
+#else
+static constexpr size_t EMU_LDS_LIMIT     = 232448; // H200: 227 KiB per block with the opt-in ggml sets
+static constexpr size_t EMU_STATIC_LIMIT  = 49152;  // 48 KiB of static shared memory
+#endif
+
+static std::barrier<> *  g_block_bar = nullptr;
+static std::barrier<> ** g_warp_bar  = nullptr; // [threads/EMU_WARP] (launch.h)
+static inline int emu_tid() { return (int) (threadIdx.x + blockDim.x*(threadIdx.y + blockDim.y*threadIdx.z)); }
+static inline int emu_lane() { return emu_tid() % EMU_WARP; }
+
+static inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+
+// the exchange every warp-wide instruction here is made of: each lane writes its value into the warp's slots, and
+// after the second barrier reads the warp's values (returned: the warp's first slot); the next exchange's first
+// barrier keeps a lane's next write from overtaking another's read. A lane that never reaches it deadlocks the warp.
+template <typename T>
+static const T * warp_exchange(const T & v) {
+    static T buf[1024];
+    const int t = emu_tid();
+    g_warp_bar[t / EMU_WARP]->arrive_and_wait();
+    buf[t] = v;
+    g_warp_bar[t / EMU_WARP]->arrive_and_wait();
+    return buf + (t - t % EMU_WARP);
+}
+
+#if defined(GGML_USE_HIP)
+// HIP's: a source lane outside the caller's width-segment returns the caller's own value
+template <typename T>
+static inline T __shfl_xor(T var, int lane_mask, int width = EMU_WARP) {
+    const int self = emu_lane();
+    int src = self ^ lane_mask;
+    src = src >= ((self + width) & ~(width - 1)) ? self : src;
+    return warp_exchange(var)[src];
+}
+template <typename T>
+static inline T __shfl(T var, int src_lane, int width = EMU_WARP) {
+    const int self = emu_lane();
+    return warp_exchange(var)[(src_lane & (width - 1)) + (self & ~(width - 1))];
+}
+template <typename T>
+static inline T __shfl_up(T var, unsigned delta, int width = EMU_WARP) {
+    const int self = emu_lane();
+    const int src  = (self & (width - 1)) - (int) delta < 0 ? self : self - (int) delta;
+    return warp_exchange(var)[src];
+}
+// 64-bit masks, bit i = lane i of the wavefront
+static inline uint64_t __ballot(int pred) {
+    const int * p = warp_exchange(pred);
+    uint64_t m = 0;
+    for (int i = 0; i < EMU_WARP; ++i) {
+        m |= (uint64_t) (p[i] != 0) << i;
+    }
+    return m;
+}
+static inline uint64_t __activemask() { return __ballot(1); }
+static inline int __all(int pred) { return __ballot(pred) == ~(uint64_t) 0; }
+static inline int __any(int pred) { return __ballot(pred) != 0; }
+// vendors/hip.h
+#define __shfl_sync(mask, var, laneMask, width) __shfl(var, laneMask, width)
+#define __shfl_up_sync(mask, var, laneMask, width) __shfl_up(var, laneMask, width)
+#define __shfl_xor_sync(mask, var, laneMask, width) __shfl_xor(var, laneMask, width)
+#define __all_sync(mask, var) __all(var)
+#define __any_sync(mask, var) __any(var)
+#else
+// CUDA's: mask names the participating lanes (all of them in our kernels: every lane reaches every shuffle)
+template <typename T>
+static inline T __shfl_xor_sync(unsigned, T var, int lane_mask, int width = EMU_WARP) {
+    const int lane = emu_lane();
+    const int src  = (lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1));
+    return warp_exchange(var)[src];
+}
+template <typename T>
+static inline T __shfl_sync(unsigned, T var, int src_lane, int width = EMU_WARP) {
+    return warp_exchange(var)[(emu_lane() & ~(width - 1)) + (src_lane & (width - 1))];
+}
+template <typename T>
+static inline T __shfl_up_sync(unsigned, T var, unsigned delta, int width = EMU_WARP) {
+    const int self = emu_lane();
+    const int src  = (self & (width - 1)) - (int) delta < 0 ? self : self - (int) delta;
+    return warp_exchange(var)[src];
+}
+static inline unsigned __ballot_sync(unsigned, int pred) {
+    const int * p = warp_exchange(pred);
+    unsigned m = 0;
+    for (int i = 0; i < EMU_WARP; ++i) {
+        m |= (unsigned) (p[i] != 0) << i;
+    }
+    return m;
+}
+static inline unsigned __activemask() { return __ballot_sync(0xFFFFFFFF, 1); }
+static inline int __all_sync(unsigned m, int pred) { return __ballot_sync(m, pred) == 0xFFFFFFFF; }
+static inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
+static inline void __syncwarp() { g_warp_bar[emu_tid() / EMU_WARP]->arrive_and_wait(); }
+#endif // defined(GGML_USE_HIP)
+
+// common.cuh
+static inline void ggml_cuda_syncwarp() {
+#ifndef GGML_USE_HIP
+    __syncwarp();
+#endif // GGML_USE_HIP
+}
+
+template <int width = WARP_SIZE>
+static inline float warp_reduce_sum(float x) {
+    for (int offset = width/2; offset > 0; offset >>= 1) {
+        x += __shfl_xor_sync(0xffffffff, x, offset, width);
+    }
+    return x;
+}
+
+template <int width = WARP_SIZE>
+static inline int warp_reduce_sum(int x) {
+    for (int offset = width/2; offset > 0; offset >>= 1) {
+        x += __shfl_xor_sync(0xffffffff, x, offset, width);
+    }
+    return x;
+}
+
+template <int width = WARP_SIZE>
+static inline float warp_reduce_max(float x) {
+    for (int offset = width/2; offset > 0; offset >>= 1) {
+        x = std::fmax(x, __shfl_xor_sync(0xffffffff, x, offset, width));
+    }
+    return x;
+}
+
+// ---- shared memory: the launch's dynamic buffer, and each block's instances of the static arrays ----
+static int64_t * g_smem = nullptr;       // the launch's dynamic shared memory (launch.h)
+static size_t    g_smem_dynamic = 0;
+static std::mutex g_static_smem_mu;
+static std::map<const void *, std::unique_ptr<int64_t[]>> g_static_smem; // emptied before each block
+static size_t    g_static_smem_bytes = 0;
+
+// `__shared__ T x[A][B];` in a kernel becomes a reference to this (tests/kernel_sources.py for_emulation): the block's
+// instance, filled with NaN bytes, allocated by the first thread that reaches the declaration
+template <typename T>
+static T & emu_static_shared(const void * key) {
+    std::lock_guard<std::mutex> lock(g_static_smem_mu);
+    auto & slot = g_static_smem[key];
+    if (!slot) {
+        slot.reset(new int64_t[(sizeof(T) + 7)/8]);
+        std::memset(slot.get(), 0xFF, (sizeof(T) + 7)/8*8);
+        g_static_smem_bytes += sizeof(T);
+        if (g_static_smem_bytes > EMU_STATIC_LIMIT || g_static_smem_bytes + g_smem_dynamic > EMU_LDS_LIMIT) {
+            fprintf(stderr, "shared memory over the limit: %zu static + %zu dynamic bytes\n", g_static_smem_bytes,
+                    g_smem_dynamic);
+            abort();
+        }
+    }
+    return *(T *) slot.get();
+}
+// one key per declaration and template instance
+#define EMU_SHARED_KEY ([] { static const char k = 0; return (const void *) &k; }())
+
+// ---- f16 arithmetic, byte permutes and the two warp-wide matrix instructions of 0040's tensor-core V*P ----
+static inline half mkh(const double v) { return half::raw(fp64_to_fp16(v)); }
 static inline double hd(const half h) { return fp16_to_fp32(h.bits); }
 static inline half __float2half(const float f) { return mkh(f); }
 static inline half2 __float2half2_rn(const float f) { return {mkh(f), mkh(f)}; }
@@ -162,18 +359,16 @@ static inline unsigned __byte_perm(const unsigned x, const unsigned y, const uns
     }
     return r;
 }
-static inline void __syncwarp() { g_warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 
+#if !defined(GGML_USE_HIP)
 #define AD_EMULATE_MMA
 struct mma_frag { unsigned a[4], b[2]; };
-static mma_frag     g_mma[128];
-static const half * g_ldsm[128];
 // mma.sync m16n8k16 row.col f32.f16.f16.f32 (PTX ISA's fragments; g = lane/4, t = lane%4): A's registers hold (row g,
 // k 2t..2t+1), (row g+8, the same), (row g, k 2t+8..2t+9), (row g+8, the same); B's (k 2t..2t+1, n g), (k 2t+8..,
 // n g); D's (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1). The products summed in double, then added to D in float.
 static void ad_mma_f16(float * d, const unsigned * a, const unsigned b0, const unsigned b1) {
-    const int lane = (int) threadIdx.x % 32;
-    const mma_frag * w = warp_exchange(g_mma, mma_frag{{a[0], a[1], a[2], a[3]}, {b0, b1}});
+    const int lane = emu_lane();
+    const mma_frag * w = warp_exchange(mma_frag{{a[0], a[1], a[2], a[3]}, {b0, b1}});
     auto h16 = [](const unsigned r, const int k) { return (double) fp16_to_fp32((uint16_t) (k % 2 ? r >> 16 : r & 0xFFFF)); };
     auto A = [&](const int m, const int k) { return h16(w[(m % 8)*4 + (k % 8)/2].a[(m >= 8) + 2*(k >= 8)], k); };
     auto B = [&](const int k, const int n) { return h16(w[n*4 + (k % 8)/2].b[k >= 8], k); };
@@ -192,65 +387,12 @@ static void ad_mma_f16(float * d, const unsigned * a, const unsigned b0, const u
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane 8i + r gives row r of matrix i; lane (g, t) receives, per
 // matrix, (row 2t, column g) in the low half and (row 2t + 1, column g) in the high half
 static void ad_ldsm_x4_trans(unsigned * a, const half * row) {
-    const int lane = (int) threadIdx.x % 32;
-    const half * const * rows = warp_exchange(g_ldsm, row);
+    const int lane = emu_lane();
+    const half * const * rows = warp_exchange(row);
     const int g = lane / 4;
     const int t = lane % 4;
     for (int i = 0; i < 4; ++i) {
         a[i] = (unsigned) rows[8*i + 2*t][g].bits | (unsigned) rows[8*i + 2*t + 1][g].bits << 16;
     }
 }
-
-// ---- ggml types and the x8 dequantizer (dequantize-x8.cuh, for the three types 0023 instantiates) ----
-enum ggml_type { GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q4_1 = 3, GGML_TYPE_Q8_0 = 8 };
-#pragma pack(push, 1)
-struct block_q4_0 { half d; uint8_t qs[16]; };
-struct block_q4_1 { half2 dm; uint8_t qs[16]; };
-struct block_q8_0 { half d; int8_t qs[32]; };
-#pragma pack(pop)
-static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q4_1) == 20 && sizeof(block_q8_0) == 34, "blocks");
-
-template <ggml_type type> struct ggml_cuda_type_traits;
-template <> struct ggml_cuda_type_traits<GGML_TYPE_Q4_0> { static constexpr int qr = 2; };
-template <> struct ggml_cuda_type_traits<GGML_TYPE_Q4_1> { static constexpr int qr = 2; };
-template <> struct ggml_cuda_type_traits<GGML_TYPE_Q8_0> { static constexpr int qr = 1; };
-
-template <int qr>
-static inline int dequantize_x8_pos(const int j, const int l) {
-    if constexpr (qr == 2) {
-        return (j/4)*32 + (l/4)*16 + (j%4)*4 + l%4;
-    } else {
-        return (j/4)*32 + (j%4)*8 + l;
-    }
-}
-
-template <ggml_type type>
-static inline void dequantize_x8(const char * row, const int j, float * v) {
-    const int ib = j/4;
-    const int is = j%4;
-    if constexpr (type == GGML_TYPE_Q4_0) {
-        const block_q4_0 * x = (const block_q4_0 *) row + ib;
-        int q;
-        std::memcpy(&q, x->qs + 4*is, 4);
-        const float d = fp16_to_fp32(x->d.bits);
-        for (int l = 0; l < 4; ++l) {
-            v[l + 0] = d * (((q >> (8*l + 0)) & 0x0F) - 8);
-            v[l + 4] = d * (((q >> (8*l + 4)) & 0x0F) - 8);
-        }
-    } else if constexpr (type == GGML_TYPE_Q4_1) {
-        const block_q4_1 * x = (const block_q4_1 *) row + ib;
-        int q;
-        std::memcpy(&q, x->qs + 4*is, 4);
-        const float dx = fp16_to_fp32(x->dm.x.bits), my = fp16_to_fp32(x->dm.y.bits);
-        for (int l = 0; l < 4; ++l) {
-            v[l + 0] = dx * ((q >> (8*l + 0)) & 0x0F) + my;
-            v[l + 4] = dx * ((q >> (8*l + 4)) & 0x0F) + my;
-        }
-    } else {
-        const block_q8_0 * x = (const block_q8_0 *) row + ib;
-        const float d = fp16_to_fp32(x->d.bits);
-        for (int l = 0; l < 8; ++l) {
-            v[l] = d * x->qs[8*is + l];
-        }
-    }
-}
+#endif // !defined(GGML_USE_HIP)

@@ -1,0 +1,138 @@
+"""Building and running the CPU emulations of our CUDA/HIP kernels (tests/fused_attn_emu): the kernel parts cut out of
+the files the build compiles (tests/kernel_sources.py), one harness binary per surface (CUDA's 32-lane warps, or
+gfx90a's 64-lane wavefronts with -DGGML_USE_HIP), g++ with AddressSanitizer and UBSan (or ThreadSanitizer, for the
+race checks)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kernel_sources import (
+    SourceUnavailable,
+    cut,
+    exported_tree,
+    for_emulation,
+    ggml_src_dir,
+    kernel_path,
+    kernel_source,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EMU = ROOT / "tests" / "fused_attn_emu"
+SURFACES = {"cuda": 32, "hip": 64}  # surface -> warp width
+
+
+def require_sources() -> None:
+    """Skip (with the reason) where no tree can be exported: the pinned llama.cpp is not in vendor/."""
+    try:
+        exported_tree()
+    except SourceUnavailable as e:
+        pytest.skip(f"no exported llama.cpp tree for the kernels' sources: {e}")
+
+
+def compiler() -> str:
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    return cxx
+
+
+def dequantize_x8_part() -> str:
+    """dequantize-x8.cuh's device part: dequantize_x8, its positions and dequantize_x8_rows (not the host launchers,
+    whose <<<>>> is CUDA's)."""
+    text = kernel_source("dequantize-x8.cuh")
+    text = text.split('#include "convert.cuh"\n', 1)[1]
+    return for_emulation(cut(text, "", "template <typename T>\nstatic void dequantize_x8_rows_cuda"))
+
+
+def kernels_parts(tmp: Path, mutate: dict[str, tuple[str, str]] | None = None) -> dict[str, Path]:
+    """The parts kernels_harness.cpp includes, each cut out of the file the build compiles; mutate maps a part's
+    name to (old, new), a textual change that must apply exactly once (the tests that show a broken kernel fail)."""
+    fwht = kernel_source("fwht-fused.cu")
+    launcher = ("template <int N, typename idx_t, typename block_type, int qk, void (*quantize)(const float *, "
+                "block_type *)>\nstatic void fwht_set_rows_launch")
+    parts = {
+        "DEQ_INC": dequantize_x8_part(),
+        "QUANT_INC": cut(kernel_source("cpy-utils.cuh"), "static __device__ __forceinline__ int best_index_int8",
+                         "static __device__ void cpy_blck_f32_q4_0"),
+        "MMVQ_INC": cut(kernel_source("mmvq-short.cu"), "#define MMVQ_SHORT_NTHREADS",
+                        "static bool mmvq_short_type_supported"),
+        "OUTPROD_INC": cut(kernel_source("out-prod.cu"), "#define OUT_PROD_Q_NTHREADS",
+                           "static void out_prod_q_combine_cuda"),
+        "FWHT_PARAMS_INC": cut(kernel_source("fwht-fused.cuh"), "struct fwht_rope_params",
+                               "bool ggml_cuda_rope_fwht_set_rows_supported"),
+        "FWHT_INC": cut(fwht, "#define FWHT_FUSED_ROWS", launcher) +
+                    cut(fwht, "// CONT -> reshape -> fwht", "bool ggml_cuda_cont_fwht_supported"),
+    }
+    for name, (old, new) in (mutate or {}).items():
+        assert parts[name].count(old) == 1, f"{name}: the mutation's text must occur once"
+        parts[name] = parts[name].replace(old, new)
+    return {name: write_part(tmp, name.lower() + ".inc", for_emulation(text)) for name, text in parts.items()}
+
+
+def write_part(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / name
+    path.write_text(text)
+    return path
+
+
+@dataclass(frozen=True)
+class Build:
+    """One harness binary: tests/fused_attn_emu/`harness` for `surface`, -D<NAME>="<path>" per incs."""
+    tmp: Path
+    harness: str
+    surface: str
+    incs: dict[str, Path]
+    extra: tuple[str, ...] = ()
+    sanitize: str = "address,undefined"
+
+    @property
+    def exe(self) -> Path:
+        return self.tmp / f"{Path(self.harness).stem}-{self.surface}-{self.sanitize.replace(',', '-')}"
+
+    def command(self) -> list[str]:
+        src = ggml_src_dir()
+        cmd = [compiler(), "-std=c++20", "-O1", "-g", "-pthread", f"-fsanitize={self.sanitize}",
+               "-I", str(EMU / "include"), "-I", str(src.parent / "include"), "-I", str(src), "-I", str(EMU)]
+        if "undefined" in self.sanitize:
+            cmd.append("-fno-sanitize-recover=undefined")
+        if self.surface == "hip":
+            cmd.append("-DGGML_USE_HIP")
+        cmd += [f'-D{k}="{v}"' for k, v in self.incs.items()]
+        return ["nice", "-n", "5", *cmd, *self.extra, str(EMU / self.harness), "-o", str(self.exe)]
+
+
+def build(tmp: Path, harness: str, surface: str, incs: dict[str, Path], extra: tuple[str, ...] = (),
+          sanitize: str = "address,undefined") -> Path:
+    return build_all([Build(tmp, harness, surface, incs, extra, sanitize)])[0]
+
+
+def build_all(builds: list[Build]) -> list[Path]:
+    """The binaries, as many compilers at once as there are CPUs (the suite runs serially; one g++ of a harness is
+    one core for ~40-80 s)."""
+    width = max(1, min(len(builds), os.cpu_count() or 1))
+    pending = list(builds)
+    running: list[subprocess.Popen] = []
+    while pending or running:
+        while pending and len(running) < width:
+            running.append(subprocess.Popen(pending.pop(0).command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True))
+        proc = running.pop(0)
+        _, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-6000:]
+    return [b.exe for b in builds]
+
+
+def run(exe: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0", TSAN_OPTIONS="halt_on_error=1 exitcode=66")
+    return subprocess.run(["nice", "-n", "5", str(exe), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+__all__ = ["SURFACES", "Build", "build", "build_all", "cut", "dequantize_x8_part", "for_emulation", "kernel_path",
+           "kernel_source", "kernels_parts", "require_sources", "run", "write_part"]
