@@ -1,7 +1,7 @@
 """tools/synth_models.py: synthetic GGUF models that the pinned llama.cpp loads and runs.
 
-CPU cost: four tiny models written and loaded (one with an MTP block), a few short evaluations: ~14 s of CPU,
-~17 s wall on an idle 2-core machine.
+CPU cost: six tiny models written (two with an MTP block), four loaded, a few short evaluations: ~16 s of CPU,
+~18 s wall on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -183,13 +183,41 @@ def test_mimo_mtp_cli_flag_sets_the_number_of_nextn_blocks(tmp_path, smollm2_pat
     assert "mimo2.nextn_predict_layers" not in kv and not any(".nextn." in n for n in t)
 
 
-def test_mimo_mtp_model_loads_reports_its_nextn_layer_and_generates(llama_vq, mimo_mtp):
+def test_mimo_mtp_model_loads_reports_its_nextn_layer_and_keeps_the_trunk_of_the_model_without(
+    llama_vq, mimo_mtp, mimo_tiny
+):
     import llama_cpp
 
-    llm = llama_vq.Llama(str(mimo_mtp), n_ctx=256, n_batch=64, n_threads=2, verbose=False, seed=0)
-    assert llama_cpp.llama_model_n_layer_nextn(llm.model) == 1
-    out = llm("Hello", max_tokens=8, temperature=0.0)
-    assert out["usage"]["completion_tokens"] >= 1
+    text = "The quick brown fox jumps over the lazy dog."
+    probs = []
+    for path in (mimo_mtp, mimo_tiny):
+        llm = llama_vq.Llama(
+            str(path), n_ctx=256, n_batch=64, n_threads=2, verbose=False, seed=0, logits_all=True
+        )
+        assert llama_cpp.llama_model_n_layer_nextn(llm.model) == (1 if path == mimo_mtp else 0)
+        probs.append(_next_token_probs(llm, text))
+    # the MTP blocks' tensors come after the trunk's, so the same seed draws the same trunk; the main
+    # graph runs the trunk only
+    assert np.array_equal(probs[0], probs[1])
+
+
+def test_mimo_mtp_echo_head_passes_the_token_embedding_to_a_copy_of_it(tmp_path, smollm2_path):
+    path = synth_models.write_mimo_like(
+        tmp_path / "echo.gguf", preset="tiny-mtp", mtp_head="echo", tokenizer_from=smollm2_path, seed=3
+    )
+    kv, t = _header(path)
+    n_embd = kv["mimo2.embedding_length"]
+    assert t["blk.4.nextn.eh_proj.weight"].qtype == GQT.F16
+    assert t["blk.4.nextn.shared_head_head.weight"].shape == t["token_embd.weight"].shape
+
+    def raw(name):
+        return synth_models.read_tensor_bytes(path, t[name])
+
+    eh = np.frombuffer(raw("blk.4.nextn.eh_proj.weight"), dtype=np.float16).reshape(n_embd, 2 * n_embd)
+    assert np.array_equal(eh[:, :n_embd], np.eye(n_embd)) and not eh[:, n_embd:].any()
+    assert raw("blk.4.nextn.shared_head_head.weight") == raw("token_embd.weight")
+    for name in ("blk.4.attn_output.weight", "blk.4.ffn_down.weight"):
+        assert not np.frombuffer(raw(name), dtype=np.uint8).any(), name
 
 
 def test_mimo_mtp_tensors_load_with_their_expected_shapes_when_mtp_loading_is_asked_for(

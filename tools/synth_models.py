@@ -29,7 +29,8 @@ The vocabulary can be padded with unused tokens to a model's real size
 
 CLI::
 
-    python tools/synth_models.py mimo OUT.gguf --preset tiny|tiny-mtp|attn [--mtp N] [--tokenizer-from GGUF]
+    python tools/synth_models.py mimo OUT.gguf --preset tiny|tiny-mtp|attn [--mtp N] [--mtp-head random|echo]
+        [--tokenizer-from GGUF]
     python tools/synth_models.py llama OUT.gguf --preset tiny|llama-3.1-8b [--tokenizer-from GGUF]
     python tools/synth_models.py vocab-only SRC.gguf OUT.gguf
 """
@@ -133,6 +134,7 @@ class TensorInfo:
     shape: tuple[int, ...]  # ggml order (ne0 first)
     qtype: int
     nbytes: int
+    offset: int = 0  # of its data in the file
 
 
 def read_gguf_header(
@@ -171,6 +173,7 @@ def read_gguf_header(
     n_tensors = take("<Q")
     n_kv = take("<Q")
     kv: dict[str, _KV] = {}
+    alignment = 32
     for _ in range(n_kv):
         key = take_str()
         vtype = take("<I")
@@ -189,6 +192,8 @@ def read_gguf_header(
                 pos += n * size
         else:
             value = take_str() if vtype == 8 else take(_SCALAR_FMT[vtype])
+        if key == "general.alignment":
+            alignment = int(value)
         if keys(key):
             kv[key] = _KV(
                 value,
@@ -202,11 +207,21 @@ def read_gguf_header(
             nd = take("<I")
             shape = tuple(take("<Q") for _ in range(nd))
             qtype = take("<I")
-            take("<Q")  # offset
+            offset = take("<Q")
             block, type_size = gguf.GGML_QUANT_SIZES[GQT(qtype)]
-            infos.append(TensorInfo(name, shape, qtype, int(np.prod(shape)) // block * type_size))
+            infos.append(TensorInfo(name, shape, qtype, int(np.prod(shape)) // block * type_size, offset))
+        data_start = (pos + alignment - 1) // alignment * alignment
+        for info in infos:
+            info.offset += data_start
     data.close()
     return kv, infos
+
+
+def read_tensor_bytes(path: str | os.PathLike, info: TensorInfo) -> bytes:
+    """The raw data of one tensor (``info`` from ``read_gguf_header(..., tensors=True)``)."""
+    with open(path, "rb") as fh:
+        fh.seek(info.offset)
+        return fh.read(info.nbytes)
 
 
 def read_tokenizer_kv(src: str | os.PathLike) -> dict[str, _KV]:
@@ -540,6 +555,7 @@ def write_mimo_like(
     seed: int = 0,
     sinks: str = "swa",
     fused_qkv: bool = True,
+    mtp_head: str = "random",
     **overrides,
 ) -> Path:
     """Write a random-weight GGUF of arch ``mimo2`` and return its path.
@@ -560,7 +576,15 @@ def write_mimo_like(
     ``nextn.eh_proj`` / ``nextn.enorm`` / ``nextn.hnorm`` and ``layer_output_norm`` (the MTP
     head's own output norm); token embedding and LM head are the trunk's (no nextn.embed_tokens /
     shared_head). MTP blocks always use a fused attn_qkv: the MTP graph requires it.
+
+    ``mtp_head="echo"`` makes each MTP block predict its input token instead (a test construct, so
+    that drafts get accepted): eh_proj passes the normed token embedding through (identity on that
+    half, zero on the hidden-state half), attn_output and ffn_down are zero (the block adds nothing),
+    and ``nextn.shared_head_head`` is a copy of token_embd, whose row of the input token then scores
+    highest. Drafts repeat the last token; the trunk accepts them wherever it repeats a token.
     """
+    if mtp_head not in ("random", "echo"):
+        raise ValueError(f"mtp_head must be 'random' or 'echo', not {mtp_head!r}")
     if preset not in MIMO_PRESETS:
         raise ValueError(f"unknown mimo preset {preset!r}; known: {sorted(MIMO_PRESETS)}")
     p = dict(MIMO_PRESETS[preset])
@@ -624,7 +648,10 @@ def write_mimo_like(
 
     qk_std = _w_std(n_embd, _ATTN_SCORE_STD)
 
-    def add_attention(il: int, fused: bool) -> None:
+    def zeros(shape_ggml: Sequence[int]) -> _Maker:
+        return lambda r: (np.zeros(tuple(reversed(shape_ggml)), dtype=np.float16), None)
+
+    def add_attention(il: int, fused: bool, zero_out: bool = False) -> None:
         nkv = kv_heads[il]
         b = f"blk.{il}."
         out.add(b + "attn_norm.weight", (n_embd,), GQT.F32, ones(n_embd))
@@ -648,12 +675,15 @@ def write_mimo_like(
                 wt,
                 rnd((n_embd, nkv * hv), wt, _w_std(n_embd)),
             )
-        out.add(
-            b + "attn_output.weight",
-            (n_head * hv, n_embd),
-            wt,
-            rnd((n_head * hv, n_embd), wt, _w_std(n_head * hv, sc.attn_out_gain * 2.0)),
-        )
+        if zero_out:
+            out.add(b + "attn_output.weight", (n_head * hv, n_embd), GQT.F16, zeros((n_head * hv, n_embd)))
+        else:
+            out.add(
+                b + "attn_output.weight",
+                (n_head * hv, n_embd),
+                wt,
+                rnd((n_head * hv, n_embd), wt, _w_std(n_head * hv, sc.attn_out_gain * 2.0)),
+            )
         if sinks == "all" or (sinks == "swa" and pattern_all[il]):
             out.add(
                 b + "attn_sinks.weight",
@@ -663,19 +693,24 @@ def write_mimo_like(
             )
         out.add(b + "ffn_norm.weight", (n_embd,), GQT.F32, ones(n_embd))
 
-    def add_dense_ffn(il: int) -> None:
+    def add_dense_ffn(il: int, zero_out: bool = False) -> None:
         b = f"blk.{il}."
         nf = p["n_ff"]
         out.add(b + "ffn_gate.weight", (n_embd, nf), wt, rnd((n_embd, nf), wt, _w_std(n_embd)))
         out.add(b + "ffn_up.weight", (n_embd, nf), wt, rnd((n_embd, nf), wt, _w_std(n_embd)))
-        out.add(
-            b + "ffn_down.weight",
-            (nf, n_embd),
-            wt,
-            rnd((nf, n_embd), wt, _w_std(nf, sc.ffn_out_gain)),
-        )
+        if zero_out:
+            out.add(b + "ffn_down.weight", (nf, n_embd), GQT.F16, zeros((nf, n_embd)))
+        else:
+            out.add(
+                b + "ffn_down.weight",
+                (nf, n_embd),
+                wt,
+                rnd((nf, n_embd), wt, _w_std(nf, sc.ffn_out_gain)),
+            )
 
-    out.add("token_embd.weight", (n_embd, n_vocab), wt, rnd((n_embd, n_vocab), wt, sc.embd_std))
+    tok_embd = rnd((n_embd, n_vocab), wt, sc.embd_std)
+    i_tok_embd = len(out.plan)  # its generator's seed index: an echo head redraws the same tensor
+    out.add("token_embd.weight", (n_embd, n_vocab), wt, tok_embd)
     for il in range(nl):
         b = f"blk.{il}."
         add_attention(il, fused_qkv)
@@ -713,23 +748,6 @@ def write_mimo_like(
                 expert_t,
                 rnd((nfe, n_embd, ne), expert_t, _w_std(nfe, sc.ffn_out_gain)),
             )
-    for il in range(nl, nl_all):
-        # MTP block: eh_proj([enorm(embd(t+1)) | hnorm(h_t)]) -> decoder block -> layer_output_norm
-        # -> the trunk's LM head
-        add_attention(il, True)
-        add_dense_ffn(il)
-        out.add(
-            _tensor_name(gguf.MODEL_TENSOR.NEXTN_EH_PROJ, il),
-            (2 * n_embd, n_embd),
-            wt,
-            rnd((2 * n_embd, n_embd), wt, _w_std(2 * n_embd)),
-        )
-        for t in (
-            gguf.MODEL_TENSOR.NEXTN_ENORM,
-            gguf.MODEL_TENSOR.NEXTN_HNORM,
-            gguf.MODEL_TENSOR.LAYER_OUT_NORM,
-        ):
-            out.add(_tensor_name(t, il), (n_embd,), GQT.F32, ones(n_embd))
     out.add("output_norm.weight", (n_embd,), GQT.F32, ones(n_embd))
     out.add(
         "output.weight",
@@ -737,6 +755,32 @@ def write_mimo_like(
         wt,
         rnd((n_embd, n_vocab), wt, sc.logit_std / math.sqrt(n_embd)),
     )
+    for il in range(nl, nl_all):
+        # MTP block (after the trunk's tensors, so that its random draws stay those of the model
+        # without MTP blocks): eh_proj([enorm(embd(t+1)) | hnorm(h_t)]) -> decoder block -> layer_output_norm
+        # -> the trunk's LM head
+        echo = mtp_head == "echo"
+        add_attention(il, True, zero_out=echo)
+        add_dense_ffn(il, zero_out=echo)
+        eh_proj = _tensor_name(gguf.MODEL_TENSOR.NEXTN_EH_PROJ, il)
+        if echo:
+            # rows are outputs; columns [0, n_embd) read enorm(embd), [n_embd, 2 n_embd) hnorm(h)
+            eye = np.hstack([np.eye(n_embd), np.zeros((n_embd, n_embd))]).astype(np.float16)
+            out.add(eh_proj, (2 * n_embd, n_embd), GQT.F16, lambda r, eye=eye: (eye, None))
+            out.add(
+                _tensor_name(gguf.MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD, il),
+                (n_embd, n_vocab),
+                wt,
+                lambda r: tok_embd(_Rand([seed, i_tok_embd])),
+            )
+        else:
+            out.add(eh_proj, (2 * n_embd, n_embd), wt, rnd((2 * n_embd, n_embd), wt, _w_std(2 * n_embd)))
+        for t in (
+            gguf.MODEL_TENSOR.NEXTN_ENORM,
+            gguf.MODEL_TENSOR.NEXTN_HNORM,
+            gguf.MODEL_TENSOR.LAYER_OUT_NORM,
+        ):
+            out.add(_tensor_name(t, il), (n_embd,), GQT.F32, ones(n_embd))
     out.write()
     return Path(path)
 
@@ -926,6 +970,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("--weight-type", choices=["f16", "q8_0", "q4_0"])
     m.add_argument("--n-vocab", type=int, help="pad the vocabulary to this many tokens")
     m.add_argument(
+        "--mtp-head",
+        default="random",
+        choices=["random", "echo"],
+        help="echo: MTP blocks predict their input token (drafts that get accepted; a test construct)",
+    )
+    m.add_argument(
         "--mtp",
         type=int,
         metavar="N",
@@ -963,6 +1013,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=a.seed,
             sinks=a.sinks,
             fused_qkv=not a.split_qkv,
+            mtp_head=a.mtp_head,
             **kw,
         )
     else:
