@@ -1,7 +1,8 @@
 """Speculative decoding in the server (llama-server's engine and flags): drafts change the speed, not the text.
 
 1. MTP: the MiMo-shaped model with one NextN block (tools/synth_models.py, preset tiny-mtp), served with
-   ``--spec-type draft-mtp`` and a q4_0 V cache without flash attention, drafts tokens and gives the greedy
+   ``--spec-type draft-mtp`` and a q4_0 V cache without flash attention (the target's and the MTP draft
+   context's), drafts tokens and gives the greedy
    tokens of the same server without drafting: with a random MTP head (drafts rejected) and with an echo head
    on a prompt the trunk continues with repeats (drafts accepted).
 2. n-gram self-speculation (``--spec-type ngram-simple``) on Qwen2.5-Coder-0.5B-Instruct, asked to repeat a code
@@ -35,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 NEAR_TIE = 0.5  # nats between the plain run's top two tokens: 2x the largest batch-vs-single logit change seen
-MTP_FLAGS = ("-ctv", "q4_0", "-fa", "off", "-np", "1")
+# the MTP draft context takes its cache types from -ctkd/-ctvd (f16 by default), not from -ctk/-ctv
+MTP_FLAGS = ("-ctv", "q4_0", "-ctvd", "q4_0", "-fa", "off", "-np", "1")
 
 
 class _LlamaServer:
@@ -47,7 +49,7 @@ class _LlamaServer:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"llama-server-{port}.log"
         self._log = self.log_path.open("wb")
-        cmd = [binary, "--model", str(model), "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "4096", *flags]
+        cmd = [binary, "--model", str(model), "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "1024", *flags]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, deadline_s: float = 180.0) -> None:
@@ -79,7 +81,7 @@ def _serve(model: Path, *flags: str, log_dir: Path):
     if binary:
         srv = _LlamaServer(binary, model, *flags, log_dir=log_dir)
     else:
-        srv = ServerProcess(model, "--ctx-size", "4096", *flags, log_dir=log_dir)
+        srv = ServerProcess(model, *flags, log_dir=log_dir)
     try:
         srv.wait_ready()
     except BaseException:
