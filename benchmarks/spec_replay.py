@@ -144,7 +144,7 @@ class Server:
 def side_by_side(base: dict[str, Any], spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The comparison table (text) and its figures: spec / base ratios and answers that agree."""
     b, s = base["summary"], spec["summary"]
-    same = sum(x["text_sha256"] == y["text_sha256"] for x, y in zip(base["tasks"], spec["tasks"]))
+    same = sum(x["text_sha256"] == y["text_sha256"] for x, y in zip(base["tasks"], spec["tasks"], strict=True))
     ratio = {"tok_s": s["tok_s"] / b["tok_s"] if b["tok_s"] else 0.0}
     if b.get("predicted_per_second") and s.get("predicted_per_second"):
         ratio["predicted_per_second"] = s["predicted_per_second"] / b["predicted_per_second"]

@@ -88,7 +88,9 @@ def qwen_coder_path(fetch: bool = True) -> Path:
                         h.update(chunk)
                         dst.write(chunk)
         if h.hexdigest() != GGUF_SHA256:
-            raise QwenCoderModelError(f"the joined {MODEL_NAME} has sha256 {h.hexdigest()}, not the pinned {GGUF_SHA256}")
+            raise QwenCoderModelError(
+                f"the joined {MODEL_NAME} has sha256 {h.hexdigest()}, not the pinned {GGUF_SHA256}"
+            )
         os.replace(part, gguf)
         ok.write_text(GGUF_SHA256 + "\n")
     return gguf
