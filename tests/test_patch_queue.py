@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import _lint  # noqa: E402
 import _patch_queue  # noqa: E402
 import _pin  # noqa: E402
+
 import patches as core  # noqa: E402
 
 

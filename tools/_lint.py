@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 import _patch_queue
-import patches as core
 from _pin import ROOT, read_series
+
+import patches as core
 
 MAX_HEADER_LINES = 20
 FIELDS = ("Description:", "Author:", "Forwarded:", "Last-Update:")

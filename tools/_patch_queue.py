@@ -19,8 +19,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import patches as core
 from _pin import ROOT, read_series
+
+import patches as core
 
 SOURCES_SUBJECT = "llama-vq sources"
 NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9._-]*\.patch$")
