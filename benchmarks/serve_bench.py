@@ -36,12 +36,9 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,97 +48,8 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_build import cmd_build  # noqa: E402  (the build subcommand lives beside this file)
+from serve_process import Server  # noqa: E402  (the server processes)
 from serve_report import markdown, summary  # noqa: E402  (the tables)
-
-# ---- servers ---------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One server process (ours or llama-server) on a free port; polled on /health until ready."""
-
-    def __init__(self, kind: str, cmd: list[str], log: Path) -> None:
-        self.kind = kind
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self._snap_lock = threading.Lock()
-        self._snapped = False
-        full = [*cmd, "--host", "127.0.0.1", "--port", str(self.port)]
-        self._f = log.open("ab")
-        self._f.write(f"$ {shlex.join(full)}\n".encode())
-        self._f.flush()
-        # Python's fault handler in our server: stop(dump=True) gets every thread's stack into the log
-        env = dict(os.environ, PYTHONFAULTHANDLER="1")
-        self.proc = subprocess.Popen(full, stdout=self._f, stderr=subprocess.STDOUT, env=env)
-        end = time.monotonic() + 600
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{kind} exited with {self.proc.returncode}; see {log}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{kind} not ready; see {log}")
-
-    def memory_mib(self) -> dict[str, float]:
-        """The process's resident memory now and at its peak (VmRSS, VmHWM), MiB: for llama-vq-server that is the
-        Python front end and the engine together, for llama-server the engine alone."""
-        out = {}
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key.lower()] = int(value.split()[0]) / 1024
-        except OSError:
-            pass
-        return out
-
-    def snapshot(self) -> None:
-        """Into the log, once: GET /slots twice, 2 s apart (does anything still move?), and the decode counters."""
-        with self._snap_lock:
-            if self._snapped:
-                return
-            self._snapped = True
-        for i in range(2):
-            try:
-                slots = httpx.get(self.url + "/slots", timeout=5).text
-                metrics = httpx.get(self.url + "/metrics", timeout=5).text
-            except httpx.HTTPError as e:
-                slots, metrics = f"{type(e).__name__}: {e}", ""
-            names = ("n_decode_total", "tokens_predicted_total", "requests_processing", "requests_deferred")
-            keep = [m for m in metrics.splitlines() if m.startswith(tuple("llamacpp:" + n for n in names))]
-            text = "\n".join([f"--- snapshot {i} at {time.strftime('%H:%M:%S')}: /slots {slots}", *keep, ""])
-            self._f.write(text.encode())
-            self._f.flush()
-            if i == 0:
-                time.sleep(2)
-
-    def stop(self, dump: bool = False) -> None:
-        """SIGTERM; with ``dump`` (requests failed) SIGABRT first, which makes our server write the stacks of
-        all its threads into its log (llama-server just exits)."""
-        if dump and self.proc.poll() is None:
-            self.snapshot()
-            self.proc.send_signal(signal.SIGABRT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._f.close()
 
 
 def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list[str]) -> list[str]:

@@ -24,7 +24,6 @@ import argparse
 import hashlib
 import json
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_process import free_port, wait_healthy  # noqa: E402
 from spec_prompts import EDITS, messages  # noqa: E402
 
 DEFAULT_SPEC = "--spec-type ngram-simple --spec-draft-n-max 64"
@@ -99,36 +99,22 @@ def replay(url: str, n_tasks: int, max_tokens: int, api_key: str | None = None, 
 # ---- two servers, one after the other -----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """``server_cmd --model M --host 127.0.0.1 --port P [flags]``, ready once GET /health answers 200."""
 
     def __init__(self, server_cmd: list[str], model: str, flags: list[str], log: Path, ready_s: float = 600) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [*server_cmd, "--model", model, "--host", "127.0.0.1", "--port", str(self.port), *flags]
         self._log = log.open("ab")
         self._log.write(f"$ {shlex.join(self.cmd)}\n".encode())
         self._log.flush()
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        end = time.monotonic() + ready_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                self._log.close()
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {log}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"server not ready after {ready_s} s; see {log}")
+        try:
+            wait_healthy(self.proc, self.url, ready_s, f"see {log}")
+        except (RuntimeError, TimeoutError):
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc.poll() is None:
