@@ -83,3 +83,19 @@ def test_fused_attn_f32_vp_is_correct_at_wavefront_64(harnesses):
     assert "all passed" in proc.stdout
     assert proc.stdout.count(" vmma=0:") >= 20 and " vmma=1:" not in proc.stdout, proc.stdout
     assert proc.stdout.count(" nbuf=1 ") == proc.stdout.count(" vmma=0:"), "HIP has one tile buffer"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("surface", ["hip", "cuda"])
+def test_fused_attn_kernels_are_race_free_under_thread_sanitizer(tmp_path, surface):
+    """Every case under ThreadSanitizer, at wavefront 64 (HIP) and warp 32 (CUDA, both V*P forms): no two threads
+    touch a shared-memory cell without a barrier or a shuffle between them. The softmax phase once had the threads
+    past the last column read the cells column nc-1's owners were rewriting (values discarded, a race all the same);
+    they now read nothing."""
+    require_sources()
+    exe = build_all([Build(tmp_path, "harness.cpp", surface, kernel_part(tmp_path), sanitize="thread")])[0]
+    proc = run(exe, timeout=1800)
+    print(proc.stdout[-2000:])
+    assert "ThreadSanitizer" not in proc.stderr, proc.stderr[-6000:]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "all passed" in proc.stdout

@@ -316,23 +316,25 @@ static __device__ __forceinline__ float ad_kq_block(const int * kw, const float 
     }
 }
 
-// online softmax of a tile, per column (G threads each; threads past the last column repeat its work and write
-// nothing): the tile max, the new running max, p = exp(s - m) in place, the tile sum, and the factor exp(m_old - m)
-// that rescales the running sum and the accumulators; with PT (0040) p also as f16 into pt [column][AD_PTS] (cells
-// past tn: 0)
+// online softmax of a tile, per column (G threads each; threads past the last column, !bowner, take part in every
+// shuffle with -INF scores and read and write nothing: column nc-1's owners rewrite those cells meanwhile): the
+// tile max, the new running max, p = exp(s - m) in place, the tile sum, and the factor exp(m_old - m) that rescales
+// the running sum and the accumulators; with PT p also as f16 into pt [column][AD_PTS] (cells past tn: 0)
 template <int G, bool PT>
 static __device__ __forceinline__ void ad_softmax_tile(float * s_sh, const int sst, float * m_sh, float * l_sh,
         float * a_sh, half * pt, const int cb, const int lb, const bool bowner, const int tn) {
     float mx = -INFINITY;
-    for (int c = lb; c < tn; c += G) {
-        mx = fmaxf(mx, s_sh[c*sst + cb]);
+    if (bowner) {
+        for (int c = lb; c < tn; c += G) {
+            mx = fmaxf(mx, s_sh[c*sst + cb]);
+        }
     }
     mx = warp_reduce_max<G>(mx);
-    const float m_old = m_sh[cb];
+    const float m_old = bowner ? m_sh[cb] : -INFINITY;
     const float m_new = fmaxf(m_old, mx);
     float sum = 0.0f;
     for (int c = lb; c < AD_TC; c += G) {
-        const float sc = s_sh[c*sst + cb];
+        const float sc = bowner ? s_sh[c*sst + cb] : -INFINITY;
         const float pr = c < tn && sc != -INFINITY ? expf(sc - m_new) : 0.0f;
         sum += pr;
         if (bowner) {
