@@ -1,70 +1,204 @@
 #!/usr/bin/env bash
 # For a user with an AMD MI210 (gfx90a) and ROCm >= 6.1: the figures this project could not measure without one.
 # From the repository root:
-#   bash benchmarks/mi210.sh [OUT]      # OUT default benchmarks/out/mi210-<UTC time>; send it back (~1 h, half build)
-# Env: GPU_TARGETS (default gfx90a), HIP_VISIBLE_DEVICES (default 0: one GPU), REPS (llama-bench repetitions, 2).
+#   bash benchmarks/mi210.sh [OUT]      # OUT default benchmarks/out/mi210-<UTC time>; send OUT/mi210.txt back
+#                                       # (~1 h on an MI210, half of it the build)
+# Steps, each logged into OUT/mi210.txt (the one report file; the other files in OUT are the logs behind it):
 #   1. bare-metal build, the users' way: scripts/run.sh setup with LLAMA_VQ_BACKEND=hip and the tools (llama-bench,
 #      llama-perplexity, test-backend-ops; flash attention's kernels included, for the FA-on references)
-#   2. correctness on 64-wide wavefronts: test-backend-ops on ROCm0 against the CPU for the ops our patches add
-#   3. speed: benchmarks/run.py --backend hip (synthetic Llama-3.1-8B- and MiMo-shaped models, FA off x cache-type
-#      pairs x depths 0/8K/32K, FA on references; ratios to f16/f16 from the same run)
-#   4. fidelity (DESIGN.md decision 8): KL divergence from f16/f16 of quantized K/V with FA off (llama-vq's path)
-#      against FA on (upstream's reference path) and the FA on/off f16 floor, on SmolLM2 (real weights)
+#   2. correctness on 64-wide wavefronts: test-backend-ops on the GPU against the CPU for every op our patches add or
+#      change (quantized OUT_PROD, short-row K*Q, the rotation fusions with a proof that the fused kernel ran, the
+#      fused decode attention in HIP's default f32 V*P form and as separate ops, quantized V without FA, copies)
+#   3. speed: llama-bench, FA off, decode (tg) and prefill (pp512) on synthetic Llama-3.1-8B- (depths 0/8K/32K) and
+#      MiMo-shaped (0/64K) models, f16/f16 and the quantized pairs, with HIP's default (the fused decode attention)
+#      and with the separate ops (LLAMA_VQ_CUDA_FUSED_ATTN=0); ratios to f16/f16 of the same configuration
+#   4. fidelity (docs/architecture.md, decision 8): KL divergence from f16/f16 (FA off) of quantized K/V with FA off
+#      (llama-vq's path) and with FA on (upstream's reference path, FA_ON=1) and the FA on/off f16 floor, on KL_MODEL
+#      (default SmolLM2: real weights), 512-token chunks of llama.cpp's own docs
+# Env: GPU_TARGETS (gfx90a), HIP_VISIBLE_DEVICES (0: one GPU), REPS (llama-bench repetitions, 2), TG (decode tokens,
+#   64), DEPTHS_8B (0,8192,32768), DEPTHS_MIMO (0,65536), KL_MODEL, KL_CHUNKS (8), STEPS ("2 3 4"), DEADLINE (s after
+#   the start after which no further benchmark starts; default none).
+# Tried on an NVIDIA GPU with the HIP path's settings (issue 26 item 6), so that the first MI210 run does not fail on a
+# typo: PROXY=cuda BIN=<folder with llama-bench, test-backend-ops, llama-perplexity> bash benchmarks/mi210.sh OUT
+#   (no build; CUDA0 in place of ROCm0; LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 (the f32 V*P, HIP's
+#   form) LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 (HIP's only prefill branch) GGML_CUDA_PDL=0 (HIP has no PDL) exported;
+#   FA_ON=0 unless the tools have FA kernels; the synthetic models' tokenizer from VOCAB; DEV (CUDA0); HIP_PATH=0 runs
+#   the same with the NVIDIA default's settings instead)
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${1:-benchmarks/out/mi210-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
-export HIP_VISIBLE_DEVICES=${HIP_VISIBLE_DEVICES:-0} GPU_TARGETS=${GPU_TARGETS:-gfx90a}
 t0=$(date +%s)
-log() { echo "[mi210 $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/mi210.txt"; }
-{ rocm-smi --showproductname --showmeminfo vram 2>&1; rocminfo 2>&1 | grep -E 'Marketing Name|gfx|Compute Unit'; } \
-    > "$OUT/machine.txt"
-
-log "1. build (LLAMA_VQ_BACKEND=hip GPU_TARGETS=$GPU_TARGETS, tools on)"
-LLAMA_VQ_BACKEND=hip LLAMA_VQ_BUILD_TOOLS=ON bash scripts/run.sh setup > "$OUT/build.log" 2>&1 \
-    || { tail -40 "$OUT/build.log"; exit 1; }
-py=.venv/bin/python
-bin=llama_vq/bin
-"$py" -c 'import json, llama_vq; print(json.dumps(llama_vq.build_info().as_dict(), default=str))' >> "$OUT/mi210.txt"
-smollm2=$("$py" -m llama_vq.models path)
-
-log "2. test-backend-ops on ROCm0 against the CPU"
+report=$OUT/mi210.txt
+log() { echo "[mi210 $(( $(date +%s) - t0 ))s] $*" | tee -a "$report"; }
+late() { [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) - t0 )) -gt "$DEADLINE" ]; }
+steps=" ${STEPS:-2 3 4} "
 fail=0
-tbo() { # NAME ARGS...
-    local name=$1; shift
-    "$bin/test-backend-ops" test -b ROCm0 "$@" > "$OUT/tbo-$name.log" 2>&1 || fail=1
-    log "$name: $(grep -E 'tests passed' "$OUT/tbo-$name.log" | tail -1)"
-    grep -E "FAIL" "$OUT/tbo-$name.log" | head -5 | tee -a "$OUT/mi210.txt"
-}
-tbo out-prod -o OUT_PROD
-tbo mul-mat-kq -o MUL_MAT -p "type_k="
-for op in HADAMARD_SET_ROWS CONT_HADAMARD HADAMARD_KQ CPY SET_ROWS; do tbo "$op" -o "$op"; done
-LLAMA_VQ_CUDA_FUSE_ROTATION=0 tbo hadamard-unfused -o MUL_MAT_HADAMARD
-"$bin/test-backend-ops" perf -b ROCm0 -o OUT_PROD > "$OUT/perf-out-prod.log" 2>&1
-"$bin/test-backend-ops" perf -b ROCm0 -o MUL_MAT -p "type_k=" > "$OUT/perf-mul-mat-kq.log" 2>&1
+py=${PY:-.venv/bin/python}
 
-log "3. speed: benchmarks/run.py --backend hip"
-"$py" benchmarks/run.py --backend hip --bin "$bin" --tokenizer-from "$smollm2" -r "${REPS:-2}" \
-    --out "$OUT/bench" --pack-logs > "$OUT/run.log" 2>&1 || fail=1
-grep -E "^\[bench\]" "$OUT/run.log" | tail -30 | tee -a "$OUT/mi210.txt"
-
-log "4. fidelity: KL from f16/f16, SmolLM2, 512-token chunks of llama.cpp's README and build guide"
-cat vendor/llama.cpp/README.md vendor/llama.cpp/docs/build.md > "$OUT/ppl-text.txt"
-ppl() { # LABEL ARGS...
-    local label=$1; shift
-    "$bin/llama-perplexity" -m "$smollm2" -f "$OUT/ppl-text.txt" -c 512 -ngl 99 "$@" > "$OUT/ppl-$label.log" 2>&1 \
-        || { log "$label: failed ($(tail -1 "$OUT/ppl-$label.log"))"; fail=1; return; }
-    grep -E "^(Mean +KLD|Same top p|Mean PPL\(Q\)/PPL\(base\))" "$OUT/ppl-$label.log" | sed "s/^/$label: /" \
-        | tee -a "$OUT/mi210.txt"
-}
-base=$OUT/kld-base-f16-fa-off
-ppl base -fa off --kl-divergence-base "$base"
-ppl f16-fa-on -fa on --kl-divergence-base "$base" --kl-divergence
-for kv in q8_0 q4_0; do
-    ppl "$kv-fa-off" -fa off -ctk "$kv" -ctv "$kv" --kl-divergence-base "$base" --kl-divergence
-    ppl "$kv-fa-on" -fa on -ctk "$kv" -ctv "$kv" --kl-divergence-base "$base" --kl-divergence
+if [ "${PROXY:-}" = cuda ]; then
+    : "${BIN:?PROXY=cuda needs BIN, a folder with llama-bench, test-backend-ops and llama-perplexity}"
+    dev=${DEV:-CUDA0}
+    export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+    fa_on=${FA_ON:-0}
+    if [ "${HIP_PATH:-1}" = 1 ]; then
+        export LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 GGML_CUDA_PDL=0
+        log "PROXY=cuda: an NVIDIA GPU with the HIP path's settings, not a gfx90a result"
+        log "env: LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 GGML_CUDA_PDL=0"
+    else
+        log "PROXY=cuda HIP_PATH=0: the NVIDIA default (fused attention with tensor-core V*P, TF32 GEMM, PDL)"
+    fi
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/machine.txt" 2>&1
+    bin=$BIN
+else
+    dev=ROCm0
+    export HIP_VISIBLE_DEVICES=${HIP_VISIBLE_DEVICES:-0} GPU_TARGETS=${GPU_TARGETS:-gfx90a}
+    fa_on=${FA_ON:-1}
+    { rocm-smi --showproductname --showmeminfo vram 2>&1; rocminfo 2>&1 | grep -E 'Marketing Name|gfx|Compute Unit'; } \
+        > "$OUT/machine.txt"
+    if [ -n "${BIN:-}" ]; then
+        bin=$BIN
+    else
+        log "1. build (LLAMA_VQ_BACKEND=hip GPU_TARGETS=$GPU_TARGETS, tools on)"
+        LLAMA_VQ_BACKEND=hip LLAMA_VQ_BUILD_TOOLS=ON bash scripts/run.sh setup > "$OUT/build.log" 2>&1 \
+            || { tail -40 "$OUT/build.log"; log "build failed: $OUT/build.log"; exit 1; }
+        bin=llama_vq/bin
+    fi
+    "$py" -c 'import json, llama_vq; print(json.dumps(llama_vq.build_info().as_dict(), default=str))' >> "$report" 2>&1
+fi
+cat "$OUT/machine.txt" >> "$report"
+for tool in test-backend-ops llama-bench llama-perplexity; do
+    [ -x "$bin/$tool" ] || { log "missing $bin/$tool"; exit 1; }
 done
-ppl q8_0-q4_0-fa-off -fa off -ctk q8_0 -ctv q4_0 --kl-divergence-base "$base" --kl-divergence
-rm -f "$base"
+# the synthetic models' tokenizer (and KL's default model): SmolLM2, fetched by the setup
+vocab=${VOCAB:-}
+if [ -z "$vocab" ] || [ -z "${KL_MODEL:-}" ]; then
+    smollm2=$("$py" -c 'from llama_vq import models; print(models.default_model_path(fetch=False))' 2>/dev/null) \
+        || smollm2=
+    vocab=${vocab:-$smollm2}
+    KL_MODEL=${KL_MODEL:-$smollm2}
+fi
+models=${MODEL_DIR:-$OUT/models}
+mkdir -p "$models"
+# gen NAME ARGS...: a synthetic model, in the background from the start (tools/synth_models.py; never committed)
+gen() {
+    local name=$1; shift
+    [ -f "$models/synth-$name.gguf" ] && return 0
+    ( nice -n 5 "$py" tools/synth_models.py "$@" "$models/tmp-$name.gguf" --tokenizer-from "$vocab" \
+        > "$OUT/gen-$name.log" 2>&1 && mv "$models/tmp-$name.gguf" "$models/synth-$name.gguf" ) &
+}
+if [[ $steps == *" 3 "* ]]; then
+    gen llama8b llama --preset llama-3.1-8b
+    gen mimo mimo --preset attn
+fi
+
+if [[ $steps == *" 2 "* ]]; then
+    log "2. test-backend-ops on $dev against the CPU"
+    # tbo NAME [ENV=VALUE ...] -- ARGS...: one test-backend-ops run, its summary line (and failures) in the report
+    tbo() {
+        local name=$1 envs=(); shift
+        while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+        shift
+        env ${envs[@]+"${envs[@]}"} LLAMA_VQ_CUDA_FUSION_STATS=1 "$bin/test-backend-ops" test -b "$dev" "$@" \
+            > "$OUT/tbo-$name.log" 2>&1 || fail=1
+        local summary
+        summary=$(grep -E "tests passed" "$OUT/tbo-$name.log" | tail -1)
+        [ -n "$summary" ] || { summary="no summary (crashed?): $(tail -2 "$OUT/tbo-$name.log" | tr '\n' ' ')"; fail=1; }
+        log "$name: $summary"
+        grep -E "FAIL" "$OUT/tbo-$name.log" | head -5 | tee -a "$report"
+    }
+    # ran NAME KIND: the fusion counts the run printed at exit (LLAMA_VQ_CUDA_FUSION_STATS=1: "llama-vq: rotation
+    # fusions run: set_rows=N ..." / "attention fusions run: attn=N ...") show that KIND's fused kernel ran: a test
+    # passes whether it ran or not
+    ran() {
+        local n
+        n=$(grep -hE "llama-vq: (rotation|attention) fusions run:" "$OUT/tbo-$1.log" | grep -oE "(^| )$2=[0-9]+" \
+            | cut -d= -f2 | awk '{ s += $1 } END { print s + 0 }')
+        if [ "$n" -gt 0 ]; then log "$1: the fused kernel ran ($2: $n)"; else log "$1: the fused kernel never ran ($2)"; fail=1; fi
+    }
+    tbo out-prod -- -o OUT_PROD
+    tbo mul-mat-kq -- -o MUL_MAT -p "type_k="
+    tbo attn-v-quant -- -o ATTN_V_QUANT
+    for op in HADAMARD_SET_ROWS ROPE_HADAMARD_SET_ROWS CONT_HADAMARD HADAMARD_KQ; do
+        tbo "$op" -- -o "$op"
+    done
+    ran HADAMARD_SET_ROWS set_rows
+    ran ROPE_HADAMARD_SET_ROWS rope
+    ran CONT_HADAMARD cont
+    ran HADAMARD_KQ kq
+    tbo rotations-unfused LLAMA_VQ_CUDA_FUSE_ROTATION=0 -- -o HADAMARD_SET_ROWS
+    # the fused decode attention as HIP runs it by default (f32 V*P; =1: every chain it supports, not only
+    # single-token decode), then the same graphs as separate ops
+    tbo attn-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -o ATTN_DECODE_FUSED
+    ran attn-fused attn
+    tbo attn-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -o ATTN_DECODE_FUSED
+    for op in CPY SET_ROWS; do tbo "$op" -- -o "$op"; done
+fi
+
+if [[ $steps == *" 3 "* ]]; then
+    log "3. speed: llama-bench, FA off, tg${TG:-64} and pp512, ratios to f16/f16"
+    jsonl=$OUT/bench.jsonl
+    for model in llama8b mimo; do
+        while [ ! -f "$models/synth-$model.gguf" ]; do
+            if ! pgrep -f "tmp-$model.gguf" > /dev/null; then log "model $model: generation failed"; cat "$OUT/gen-$model.log"; fail=1; continue 2; fi
+            sleep 2
+        done
+        if [ "$model" = mimo ]; then depths=${DEPTHS_MIMO:-0,65536}; pairs="f16,f16 q4_0,q4_0 q8_0,q4_1"
+        else depths=${DEPTHS_8B:-0,8192,32768}; pairs="f16,f16 q4_0,q4_0 q8_0,q8_0"; fi
+        for cfg in default separate; do
+            for pair in $pairs; do
+                late && { log "deadline: $model $cfg $pair and later skipped"; continue; }
+                k=${pair%,*} v=${pair#*,}
+                fused=$([ "$cfg" = separate ] && echo 0 || echo "${LLAMA_VQ_CUDA_FUSED_ATTN:-}")
+                LLAMA_VQ_CUDA_FUSED_ATTN=$fused "$bin/llama-bench" -m "$models/synth-$model.gguf" -ngl 99 -fa 0 \
+                    -p 512 -n "${TG:-64}" -d "$depths" -r "${REPS:-2}" -ctk "$k" -ctv "$v" -o jsonl \
+                    2> "$OUT/bench-$model-$cfg-$k-$v.log" \
+                    | "$py" -c "import json, sys
+for line in sys.stdin:
+    r = json.loads(line); r.update(model='$model', config='$cfg'); print(json.dumps(r))" >> "$jsonl"
+                [ "${PIPESTATUS[0]}" = 0 ] || { log "$model $cfg $k/$v: llama-bench failed"; fail=1; }
+            done
+        done
+    done
+    [ -s "$jsonl" ] && "$py" - "$jsonl" <<'EOF' | tee -a "$report"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+key = lambda r: (r["model"], r["config"], r["n_depth"], "tg" if r["n_gen"] else "pp")
+base = {key(r): r["avg_ts"] for r in rows if r["type_k"] == "f16" and r["type_v"] == "f16"}
+print("| model | config | K/V | test | depth | tok/s | ratio to f16 |")
+print("|---|---|---|---|---|---|---|")
+for r in rows:
+    b = base.get(key(r))
+    ratio = f"{r['avg_ts'] / b:.3f}" if b else "n/a"
+    t = f"tg{r['n_gen']}" if r["n_gen"] else f"pp{r['n_prompt']}"
+    print(f"| {r['model']} | {r['config']} | {r['type_k']}/{r['type_v']} | {t} | {r['n_depth']} | {r['avg_ts']:.1f} | {ratio} |")
+EOF
+fi
+
+if [[ $steps == *" 4 "* ]]; then
+    log "4. fidelity: KL from f16/f16 (FA off) on $(basename "${KL_MODEL:-none}"), ${KL_CHUNKS:-8} x 512 tokens"
+    if [ -z "${KL_MODEL:-}" ] || [ ! -f "$KL_MODEL" ]; then
+        log "no KL_MODEL (SmolLM2 not found): step 4 skipped"; fail=1
+    else
+        cat vendor/llama.cpp/README.md vendor/llama.cpp/docs/*.md 2> /dev/null > "$OUT/ppl-text.txt"
+        [ -s "$OUT/ppl-text.txt" ] || cat "${TEXT_FROM:-.}"/*.md > "$OUT/ppl-text.txt"
+        ppl() { # LABEL ARGS...
+            local label=$1; shift
+            "$bin/llama-perplexity" -m "$KL_MODEL" -f "$OUT/ppl-text.txt" -c 512 --chunks "${KL_CHUNKS:-8}" -ngl 99 "$@" \
+                > "$OUT/ppl-$label.log" 2>&1 || { log "$label: failed ($(tail -1 "$OUT/ppl-$label.log"))"; fail=1; return; }
+            grep -E "^(Mean +KLD|Same top p|Mean PPL\(Q\)/PPL\(base\))" "$OUT/ppl-$label.log" | sed "s/^/$label: /" \
+                | tee -a "$report"
+        }
+        base=$OUT/kld-base-f16-fa-off
+        ppl base -fa off --kl-divergence-base "$base"
+        [ "$fa_on" = 1 ] && ppl f16-fa-on -fa on --kl-divergence-base "$base" --kl-divergence
+        for kv in "q8_0 q8_0" "q4_0 q4_0" "q8_0 q4_1" "q8_0 q4_0"; do
+            set -- $kv
+            ppl "$1-$2-fa-off" -fa off -ctk "$1" -ctv "$2" --kl-divergence-base "$base" --kl-divergence
+            [ "$fa_on" = 1 ] && ppl "$1-$2-fa-on" -fa on -ctk "$1" -ctv "$2" --kl-divergence-base "$base" --kl-divergence
+        done
+        rm -f "$base"
+    fi
+fi
 [ "$fail" = 0 ] && log "done: $OUT" || log "done with failures: $OUT"
 exit "$fail"
