@@ -62,7 +62,7 @@ def kernels_parts(tmp: Path, mutate: dict[str, tuple[str, str]] | None = None) -
                          "static __device__ void cpy_blck_f32_q4_0"),
         "MMVQ_INC": cut(kernel_source("mmvq-short.cu"), "#define MMVQ_SHORT_NTHREADS",
                         "static bool mmvq_short_type_supported"),
-        "OUTPROD_INC": cut(kernel_source("out-prod.cu"), "#define OUT_PROD_Q_NTHREADS",
+        "OUTPROD_INC": cut(kernel_source("out-prod-q.cu"), "#define OUT_PROD_Q_NTHREADS",
                            "static void out_prod_q_combine_cuda"),
         "FWHT_PARAMS_INC": cut(kernel_source("fwht-fused.cuh"), "struct fwht_rope_params",
                                "bool ggml_cuda_rope_fwht_set_rows_supported"),

@@ -2,8 +2,8 @@
 
 ``kernel_source(name)`` reads ``native/ggml/ggml-cuda/NAME`` where our own kernel files live, else NAME under
 ggml/src/ggml-cuda of a tree exported by ``tools/patches.py export`` (pristine llama.cpp + the series, as CMake
-builds it; exported once per session into a temporary folder). Kernels inside upstream files that a patch changes
-(out-prod.cu) and upstream headers (ggml-common.h, cpy-utils.cuh) come from that tree, never from a copy.
+builds it; exported once per session into a temporary folder). Upstream files (ggml-common.h, cpy-utils.cuh) come
+from that tree, never from a copy.
 
 ``cut`` takes a kernel's part of a file between two markers; ``for_emulation`` points its shared memory at the
 harness's (the only edit made to a kernel's text besides a test's own mutations).

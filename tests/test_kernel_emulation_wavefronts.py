@@ -1,6 +1,6 @@
 """Our CUDA kernels other than the fused attention, run on the CPU at both warp widths, from the source the build
 compiles: the short-row K*Q with and without the query rotation (mmvq-short.cu, 0012/0017), the quantized OUT_PROD's
-vector kernel and its combine (out-prod.cu, 0011/0015/0028), the rotation fusions SET_ROWS and CONT with 0044's rope
+vector kernel and its combine (out-prod-q.cu, 0011/0015/0028), the rotation fusions SET_ROWS and CONT with 0044's rope
 fold (fwht-fused.cu, 0017/0030/0044), and dequantize_x8_rows (dequantize-x8.cuh, 0011/0033).
 
 tests/fused_attn_emu/kernels_harness.cpp runs them on cuda_surface.h's threads: once on the CUDA surface (32-lane

@@ -99,8 +99,8 @@ def test_export_places_our_sources_and_applies_the_series(tmp_path):
     assert "ggml/src/ggml-cuda/attn-decode-fused.cu" in ours
     for rel, src in ours.items():
         assert (tree / rel).read_bytes() == src.read_bytes(), rel
-    # the hooks are in: the fused attention's dispatch calls into our file
-    assert "attn-decode-fused.cuh" in (tree / "ggml/src/ggml-cuda/ggml-cuda.cu").read_text()
+    # the hooks are in: the fusion loop calls into our files
+    assert "attn-fusion.cuh" in (tree / "ggml/src/ggml-cuda/ggml-cuda.cu").read_text()
     digest = core.tree_digest(tree)
     assert core.export(tree) == names and core.tree_digest(tree) == digest  # unchanged inputs: reused
 

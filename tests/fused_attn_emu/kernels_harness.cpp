@@ -1,6 +1,6 @@
 // Runs our CUDA kernels other than the fused attention (harness.cpp) on the CPU, on the CUDA surface or, with
 // -DGGML_USE_HIP, gfx90a's (cuda_surface.h, launch.h): the short-row K*Q with and without the query rotation
-// (mmvq-short.cu), the quantized OUT_PROD's vector kernel and combine (out-prod.cu), the rotation fusions with the rope
+// (mmvq-short.cu), the quantized OUT_PROD's vector kernel and combine (out-prod-q.cu), the rotation fusions with the rope
 // fold (fwht-fused.cu) and dequantize_x8_rows (dequantize-x8.cuh). The kernels' text is the files the build compiles
 // (the *_INC parts, cut by tests/kernel_emu_support.py); each job states its references and bounds.
 //

@@ -1,0 +1,391 @@
+// llama-vq: OUT_PROD with a quantized src0 (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl) for ggml-cuda and ggml-hip.
+// Hooked in by patch 0005-cuda-out-prod-quantized: out-prod.cuh includes out-prod-q.cuh, ggml_cuda_out_prod hands a
+// quantized src0 to ggml_cuda_out_prod_q, ggml-cuda.cu's supports_op and CUDA-graph check ask the two predicates.
+
+#include "out-prod-q.cuh"
+#include "dequantize-x8.cuh"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+// OUT_PROD with a quantized src0, typically a row-major quantized V cache:
+//   src0 [ne00 = n_embd_v, ne01 = n_kv, ne02 = n_head_kv, ne03]
+//   src1 [ne10 = n_tokens, ne11 = n_kv, ne12 = n_head,    ne13] (usually the transposed softmax(KQ))
+//   dst  [ne0  = n_embd_v, ne1  = n_tokens, ne2 = n_head, ne3], dst[i0,i1,i2,i3] = sum_k src0[i0,k,i2/dps2,i3/dps3]*src1[i1,k,i2,i3]
+// Each thread dequantizes 8 values of a src0 row (a quarter of a 32-value block) and accumulates them into up to
+// OUT_PROD_Q_MAX_COLS dst columns (the i1 x dps2 x dps3 columns that share the src0 matrix), so the quantized data
+// is read once. Larger batches dequantize src0 once (F32 for TF32 GEMMs on NVIDIA, F16 elsewhere) and use cuBLAS.
+
+#define OUT_PROD_Q_NTHREADS   128
+#define OUT_PROD_Q_VPT        8  // values per thread and row
+#define OUT_PROD_Q_MAX_COLS   32 // largest number of dst columns per src0 matrix that always uses the vector kernel
+#define OUT_PROD_Q_MIN_ROWS   128
+
+// grid: x = chunk of src0 rows (k), y = src0 matrix (i02 + ne02*i03), z = tile of ncols dst columns
+// dst columns of a src0 matrix are ordered (i1, i2 % dps2, i3 % dps3), i1 fastest
+// with gridDim.x > 1 each chunk writes a partial dst to tmp (contiguous, chunk-major), combined afterwards
+template <ggml_type type, int ncols>
+static __global__ void __launch_bounds__(OUT_PROD_Q_NTHREADS) k_out_prod_q_vec(
+        const char * __restrict__ src0, const float * __restrict__ src1, float * __restrict__ dst,
+        const int ne00, const int ne01, const int ne02,
+        const int ne1, const int ne2, const int ne3, const int dps2, const int dps3,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s11, const int64_t s12, const int64_t s13,
+        const int64_t s1, const int64_t s2, const int64_t s3,
+        const int chunk_rows) {
+    constexpr int qr = ggml_cuda_type_traits<type>::qr;
+    constexpr int U  = ncols >= 8 ? 2 : 4; // rows in flight per thread
+
+    __shared__ float buf[OUT_PROD_Q_NTHREADS*OUT_PROD_Q_VPT];
+
+    const int tid = threadIdx.x;
+    const int tpr = ne00/OUT_PROD_Q_VPT;        // threads per row
+    const int rpi = OUT_PROD_Q_NTHREADS/tpr;    // rows per iteration
+    const int rg  = tid/tpr;
+    const int j   = tid%tpr;
+    const bool active = rg < rpi;
+
+    const int im  = blockIdx.y;
+    const int i03 = im/ne02;
+    const int i02 = im%ne02;
+
+    const int ncols_total = ne1*dps2*dps3;
+
+    // src1 and dst offsets of this thread's columns
+    int64_t off1[ncols];
+    int64_t offd[ncols];
+    bool    valid[ncols];
+#pragma unroll
+    for (int c = 0; c < ncols; ++c) {
+        const int ic = min((int) blockIdx.z*ncols + c, ncols_total - 1);
+        valid[c] = (int) blockIdx.z*ncols + c < ncols_total;
+
+        const int i1 = ic % ne1;
+        const int i2 = i02*dps2 + (ic/ne1) % dps2;
+        const int i3 = i03*dps3 +  ic/(ne1*dps2);
+
+        off1[c] = i1*s10 + i2*s12 + i3*s13;
+        offd[c] = i1*s1  + i2*s2  + i3*s3;
+    }
+
+    const int k0 = blockIdx.x*chunk_rows;
+    const int k1 = min(k0 + chunk_rows, ne01);
+
+    src0 += i02*nb02 + i03*nb03;
+
+    float acc[ncols][OUT_PROD_Q_VPT] = {{0.0f}};
+
+    if (active) {
+        for (int kb = k0 + rg; kb < k1; kb += U*rpi) {
+            float v[U][OUT_PROD_Q_VPT];
+            float p[U][ncols];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int  k  = kb + u*rpi;
+                const bool ok = k < k1;
+                const int  kc = ok ? k : k0;
+                dequantize_x8<type>(src0 + kc*nb01, j, v[u]);
+#pragma unroll
+                for (int c = 0; c < ncols; ++c) {
+                    p[u][c] = ok ? src1[off1[c] + kc*s11] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int c = 0; c < ncols; ++c) {
+#pragma unroll
+                    for (int l = 0; l < OUT_PROD_Q_VPT; ++l) {
+                        acc[c][l] += v[u][l]*p[u][c];
+                    }
+                }
+            }
+        }
+    }
+
+    if (gridDim.x > 1) {
+        dst += (int64_t) blockIdx.x*ne00*ne1*ne2*ne3;
+    }
+
+    // sum the rpi row groups of each column
+#pragma unroll
+    for (int c = 0; c < ncols; ++c) {
+        if (c > 0) {
+            __syncthreads();
+        }
+        if (active) {
+#pragma unroll
+            for (int l = 0; l < OUT_PROD_Q_VPT; ++l) {
+                buf[rg*ne00 + dequantize_x8_pos<qr>(j, l)] = acc[c][l];
+            }
+        }
+        __syncthreads();
+        if (valid[c]) {
+            for (int i0 = tid; i0 < ne00; i0 += OUT_PROD_Q_NTHREADS) {
+                float sum = 0.0f;
+                for (int r = 0; r < rpi; ++r) {
+                    sum += buf[r*ne00 + i0];
+                }
+                dst[offd[c] + i0] = sum;
+            }
+        }
+    }
+}
+
+// dst[i] = sum over the nchunks partials tmp[c*ne + i], in a fixed order (deterministic): a block sums 32 elements,
+// each with OUT_PROD_Q_COMBINE_LANES threads that take every LANES-th partial, then the lanes are added in order
+#define OUT_PROD_Q_COMBINE_LANES 8
+static __global__ void __launch_bounds__(32*OUT_PROD_Q_COMBINE_LANES) k_out_prod_q_combine(
+        const float * __restrict__ tmp, float * __restrict__ dst, const int64_t ne, const int nchunks) {
+    __shared__ float buf[OUT_PROD_Q_COMBINE_LANES][32];
+
+    const int     e    = threadIdx.x % 32;
+    const int     lane = threadIdx.x / 32;
+    const int64_t i    = (int64_t) blockIdx.x*32 + e;
+
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (i < ne) {
+        int c = lane;
+        for (; c + 3*OUT_PROD_Q_COMBINE_LANES < nchunks; c += 4*OUT_PROD_Q_COMBINE_LANES) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                sum[q] += tmp[(int64_t) (c + q*OUT_PROD_Q_COMBINE_LANES)*ne + i];
+            }
+        }
+        for (; c < nchunks; c += OUT_PROD_Q_COMBINE_LANES) {
+            sum[0] += tmp[(int64_t) c*ne + i];
+        }
+    }
+    buf[lane][e] = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    __syncthreads();
+    if (lane == 0 && i < ne) {
+        float total = 0.0f;
+#pragma unroll
+        for (int q = 0; q < OUT_PROD_Q_COMBINE_LANES; ++q) {
+            total += buf[q][e];
+        }
+        dst[i] = total;
+    }
+}
+
+static void out_prod_q_combine_cuda(const float * tmp, float * dst, const int64_t ne, const int nchunks, cudaStream_t stream) {
+    k_out_prod_q_combine<<<(ne + 31)/32, 32*OUT_PROD_Q_COMBINE_LANES, 0, stream>>>(tmp, dst, ne, nchunks);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+bool ggml_cuda_out_prod_q_supported(const ggml_tensor * src0) {
+    switch (src0->type) {
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_IQ4_NL:
+            return src0->nb[0] == ggml_type_size(src0->type);
+        default:
+            return false;
+    }
+}
+
+// llama-vq: on NVIDIA the vector kernel takes up to OUT_PROD_Q_MID_COLS columns at any V length, and up to
+// OUT_PROD_Q_SHORT_COLS columns of a short V (at most OUT_PROD_Q_SHORT_KV cells). The decode of 3-4 sequences at GQA 16
+// (MiMo's full-attention layers: 48-64 columns) then keeps its CUDA graph, which the GEMM path loses (see
+// ggml_cuda_graph_check_compability); measured on an H200 (benchmarks/PATCH_HISTORY.md, old 0028). HIP keeps 32:
+// unmeasured there, and ggml's HIP build runs without CUDA graphs.
+#if defined(GGML_USE_HIP) || defined(GGML_USE_MUSA)
+#define OUT_PROD_Q_MID_COLS   OUT_PROD_Q_MAX_COLS
+#define OUT_PROD_Q_SHORT_KV   0
+#else
+#define OUT_PROD_Q_MID_COLS   48
+#define OUT_PROD_Q_SHORT_KV   4096
+#endif
+#define OUT_PROD_Q_SHORT_COLS 64
+
+// whether the vector kernel takes ncols dst columns per src0 matrix of ne00 x n_k values
+static bool out_prod_q_use_vec(const int64_t ncols, const int64_t ne00, const int64_t n_k) {
+    if (ne00 > OUT_PROD_Q_NTHREADS*OUT_PROD_Q_VPT) {
+        return false;
+    }
+    return ncols <= OUT_PROD_Q_MID_COLS || (ncols <= OUT_PROD_Q_SHORT_COLS && n_k <= OUT_PROD_Q_SHORT_KV);
+}
+
+// llama-vq: whether out_prod_q_cuda takes its GEMM path (dequantize + cuBLAS) for this dst, i.e. not the vector kernel
+bool ggml_cuda_out_prod_q_uses_gemm(const ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const int64_t ncols_total = dst->ne[1]*(dst->ne[2]/src0->ne[2])*(dst->ne[3]/src0->ne[3]);
+    return !out_prod_q_use_vec(ncols_total, src0->ne[0], src0->ne[1]);
+}
+
+template <ggml_type type, int ncols>
+static void out_prod_q_vec_launch(
+        const dim3 & grid, const char * src0_d, const float * src1_d, float * dst_d,
+        const int64_t ne00, const int64_t ne01, const int64_t ne02, const int64_t ne1, const int64_t ne2, const int64_t ne3,
+        const int64_t dps2, const int64_t dps3, const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s11, const int64_t s12, const int64_t s13,
+        const int64_t s1, const int64_t s2, const int64_t s3, const int chunk_rows, cudaStream_t stream) {
+    k_out_prod_q_vec<type, ncols><<<grid, OUT_PROD_Q_NTHREADS, 0, stream>>>(
+        src0_d, src1_d, dst_d, ne00, ne01, ne02, ne1, ne2, ne3, dps2, dps3,
+        nb01, nb02, nb03, s10, s11, s12, s13, s1, s2, s3, chunk_rows);
+}
+
+template <typename T>
+static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    cudaStream_t stream = ctx.stream();
+
+    const int64_t dps2 = ne2 / ne02;
+    const int64_t dps3 = ne3 / ne03;
+
+    ggml_cuda_pool_alloc<T> src0_t(ctx.pool(), ggml_nelements(src0));
+    dequantize_x8_rows_cuda<T>(src0->type, src0->data, src0_t.get(), ne00, ne01, ne02, ne03, nb01, nb02, nb03, stream);
+
+    // src1 with k fastest: the transposed view of a contiguous [ne11, ne10, ne12, ne13] tensor (kq) already is
+    const bool src1_k_contiguous = nb11 == sizeof(float) && nb10 == ne11*nb11 && nb12 == ne10*nb10 && nb13 == ne12*nb12;
+
+    const T * src1_t_ptr = nullptr;
+    ggml_cuda_pool_alloc<T> src1_t(ctx.pool());
+    if (std::is_same_v<T, float> && src1_k_contiguous) {
+        src1_t_ptr = (const T *) src1->data;
+    } else if (std::is_same_v<T, half> && src1_k_contiguous) {
+        src1_t.alloc(ggml_nelements(src1));
+        ggml_get_to_fp16_cuda(GGML_TYPE_F32)(src1->data, (half *) src1_t.get(), ggml_nelements(src1), stream);
+        src1_t_ptr = src1_t.get();
+    } else {
+        src1_t.alloc(ggml_nelements(src1));
+        copy_strided_f32_cuda<T>((const float *) src1->data, src1_t.get(), ne11, ne10, ne12, ne13,
+                nb11/sizeof(float), nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), stream);
+        src1_t_ptr = src1_t.get();
+    }
+
+    cublasHandle_t handle = ctx.cublas_handle();
+    for (int64_t i3 = 0; i3 < ne3; ++i3) {
+        gemm_strided_batched_cuda<T>(handle, false, ne0, ne1*dps2, ne01,
+                src0_t.get() + (i3/dps3)*ne02*ne01*ne00, ne00, ne01*ne00,
+                src1_t_ptr   +  i3*ne2*ne1*ne11,         ne11, dps2*ne1*ne11,
+                (float *) dst->data + i3*ne2*ne1*ne0,    ne0,  dps2*ne1*ne0,
+                ne02);
+    }
+}
+
+template <ggml_type type>
+static void out_prod_q_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    cudaStream_t stream = ctx.stream();
+    const int    id     = ggml_cuda_get_device();
+    const int    nsm    = ggml_cuda_info().devices[id].nsm;
+
+    const char  * src0_d = (const char  *) src0->data;
+    const float * src1_d = (const float *) src1->data;
+    float       *  dst_d = (float       *)  dst->data;
+
+    const int64_t dps2 = ne2 / ne02;
+    const int64_t dps3 = ne3 / ne03;
+
+    // dst columns per src0 matrix
+    const int64_t ncols_total = ne1*dps2*dps3;
+
+    const int64_t s10 = nb10 / sizeof(float);
+    const int64_t s11 = nb11 / sizeof(float);
+    const int64_t s12 = nb12 / sizeof(float);
+    const int64_t s13 = nb13 / sizeof(float);
+    const int64_t s1  = nb1  / sizeof(float);
+    const int64_t s2  = nb2  / sizeof(float);
+    const int64_t s3  = nb3  / sizeof(float);
+
+    if (out_prod_q_use_vec(ncols_total, ne00, ne01)) {
+        const int ncols  = ncols_total <= 1 ? 1 : ncols_total <= 2 ? 2 : ncols_total <= 4 ? 4 : 8;
+        const int ntiles = (ncols_total + ncols - 1)/ncols;
+        const int64_t nmat = ne02*ne03;
+
+        // split the rows into chunks so that there are a few blocks per SM
+        int64_t nchunks = std::max<int64_t>(1, (4*nsm + nmat*ntiles - 1)/(nmat*ntiles));
+        nchunks = std::min<int64_t>(nchunks, (ne01 + OUT_PROD_Q_MIN_ROWS - 1)/OUT_PROD_Q_MIN_ROWS);
+        nchunks = std::max<int64_t>(nchunks, 1);
+        const int64_t chunk_rows = (ne01 + nchunks - 1)/nchunks;
+        nchunks = std::max<int64_t>(1, (ne01 + chunk_rows - 1)/chunk_rows);
+
+        GGML_ASSERT(nmat <= 65535 && ntiles <= 65535);
+        const dim3 grid(nchunks, nmat, ntiles);
+
+        ggml_cuda_pool_alloc<float> tmp(ctx.pool());
+        float * out = dst_d;
+        if (nchunks > 1) {
+            out = tmp.alloc(nchunks*ggml_nelements(dst));
+        }
+
+#define OUT_PROD_Q_VEC_ARGS grid, src0_d, src1_d, out, ne00, ne01, ne02, ne1, ne2, ne3, dps2, dps3, nb01, nb02, nb03, \
+        s10, s11, s12, s13, nchunks > 1 ? ne0 : s1, nchunks > 1 ? ne0*ne1 : s2, nchunks > 1 ? ne0*ne1*ne2 : s3, chunk_rows, stream
+        switch (ncols) {
+            case 1: out_prod_q_vec_launch<type, 1>(OUT_PROD_Q_VEC_ARGS); break;
+            case 2: out_prod_q_vec_launch<type, 2>(OUT_PROD_Q_VEC_ARGS); break;
+            case 4: out_prod_q_vec_launch<type, 4>(OUT_PROD_Q_VEC_ARGS); break;
+            case 8: out_prod_q_vec_launch<type, 8>(OUT_PROD_Q_VEC_ARGS); break;
+            default: GGML_ABORT("fatal error");
+        }
+#undef OUT_PROD_Q_VEC_ARGS
+        CUDA_CHECK(cudaGetLastError());
+
+        if (nchunks > 1) {
+            GGML_ASSERT(ggml_is_contiguous(dst));
+            const int64_t ne = ggml_nelements(dst);
+            out_prod_q_combine_cuda(out, dst_d, ne, nchunks, stream);
+        }
+        return;
+    }
+
+    // large batch: src0 -> T (F16, or F32 for TF32 GEMMs) once, src1 -> T with k fastest, then per dst channel one
+    // GEMM per src0 matrix over all of its dst columns: dst[ne0, ne1*dps2] = src0_T[ne00, ne01] * src1_T[ne01, ne1*dps2]
+    // (the dps2 channels that share a src0 matrix are consecutive columns in src1_T and dst)
+    GGML_ASSERT(ggml_is_contiguous(dst));
+    const int cc = ggml_cuda_info().devices[id].cc;
+    if (dequantize_x8_gemm_use_f32(cc)) {
+        out_prod_q_gemm<float>(ctx, dst);
+    } else {
+        out_prod_q_gemm<half>(ctx, dst);
+    }
+}
+
+void ggml_cuda_out_prod_q(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    GGML_ASSERT(src1->type == GGML_TYPE_F32);
+    GGML_ASSERT(dst->type  == GGML_TYPE_F32);
+    GGML_ASSERT(ggml_cuda_out_prod_q_supported(src0));
+
+    GGML_ASSERT(ne01 == ne11);
+    GGML_ASSERT(ne0  == ne00);
+    GGML_ASSERT(ne1  == ne10);
+    GGML_ASSERT(ne2  == ne12);
+    GGML_ASSERT(ne3  == ne13);
+    GGML_ASSERT(ne2 % ne02 == 0);
+    GGML_ASSERT(ne3 % ne03 == 0);
+    GGML_ASSERT(nb0 == sizeof(float));
+    GGML_ASSERT(nb10 % sizeof(float) == 0 && nb11 % sizeof(float) == 0);
+
+    if (ne01 == 0) {
+        CUDA_CHECK(cudaMemsetAsync(dst->data, 0, ggml_nbytes(dst), ctx.stream()));
+        return;
+    }
+
+    switch (src0->type) {
+        case GGML_TYPE_Q4_0:   out_prod_q_cuda<GGML_TYPE_Q4_0>  (ctx, dst); break;
+        case GGML_TYPE_Q4_1:   out_prod_q_cuda<GGML_TYPE_Q4_1>  (ctx, dst); break;
+        case GGML_TYPE_Q5_0:   out_prod_q_cuda<GGML_TYPE_Q5_0>  (ctx, dst); break;
+        case GGML_TYPE_Q5_1:   out_prod_q_cuda<GGML_TYPE_Q5_1>  (ctx, dst); break;
+        case GGML_TYPE_Q8_0:   out_prod_q_cuda<GGML_TYPE_Q8_0>  (ctx, dst); break;
+        case GGML_TYPE_IQ4_NL: out_prod_q_cuda<GGML_TYPE_IQ4_NL>(ctx, dst); break;
+        default: GGML_ABORT("fatal error");
+    }
+}
