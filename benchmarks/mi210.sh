@@ -16,7 +16,8 @@
 #      (llama-vq's path) and with FA on (upstream's reference path, FA_ON=1) and the FA on/off f16 floor, on KL_MODEL
 #      (default SmolLM2: real weights), 512-token chunks of llama.cpp's own docs
 # Env: GPU_TARGETS (gfx90a), HIP_VISIBLE_DEVICES (0: one GPU), REPS (llama-bench repetitions, 2), TG (decode tokens,
-#   64), DEPTHS_8B (0,8192,32768), DEPTHS_MIMO (0,65536), KL_MODEL, KL_CHUNKS (8), STEPS ("2 3 4"), DEADLINE (s after
+#   64), DEPTHS_8B (0,8192,32768), DEPTHS_MIMO (0,65536), PAIRS_8B ("f16,f16 q4_0,q4_0 q8_0,q8_0": K,V pairs, f16
+#   first), PAIRS_MIMO ("f16,f16 q4_0,q4_0 q8_0,q4_1"), KL_MODEL, KL_CHUNKS (8), STEPS ("2 3 4"), DEADLINE (s after
 #   the start after which no further benchmark starts; default none).
 # Tried on an NVIDIA GPU with the HIP path's settings (issue 26 item 6), so that the first MI210 run does not fail on a
 # typo: PROXY=cuda BIN=<folder with llama-bench, test-backend-ops, llama-perplexity> bash benchmarks/mi210.sh OUT
@@ -143,8 +144,8 @@ if [[ $steps == *" 3 "* ]]; then
             if ! pgrep -f "tmp-$model.gguf" > /dev/null; then log "model $model: generation failed"; cat "$OUT/gen-$model.log"; fail=1; continue 2; fi
             sleep 2
         done
-        if [ "$model" = mimo ]; then depths=${DEPTHS_MIMO:-0,65536}; pairs="f16,f16 q4_0,q4_0 q8_0,q4_1"
-        else depths=${DEPTHS_8B:-0,8192,32768}; pairs="f16,f16 q4_0,q4_0 q8_0,q8_0"; fi
+        if [ "$model" = mimo ]; then depths=${DEPTHS_MIMO:-0,65536}; pairs=${PAIRS_MIMO:-f16,f16 q4_0,q4_0 q8_0,q4_1}
+        else depths=${DEPTHS_8B:-0,8192,32768}; pairs=${PAIRS_8B:-f16,f16 q4_0,q4_0 q8_0,q8_0}; fi
         for cfg in default separate; do
             for pair in $pairs; do
                 late && { log "deadline: $model $cfg $pair and later skipped"; continue; }
