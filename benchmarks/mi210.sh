@@ -118,6 +118,11 @@ if [[ $steps == *" 2 "* ]]; then
         if [ "$n" -gt 0 ]; then log "$1: the fused kernel ran ($2: $n)"; else log "$1: the fused kernel never ran ($2)"; fail=1; fi
     }
     tbo out-prod -- -o OUT_PROD
+    if [ -n "${LLAMA_VQ_CUDA_FORCE_F16_GEMM:-}" ]; then  # PROXY=cuda: the HIP prefill branch must have run
+        grep -q "LLAMA_VQ_CUDA_FORCE_F16_GEMM=1: F16 GEMM" "$OUT/tbo-out-prod.log" \
+            && log "out-prod: the forced F16 GEMM branch (HIP's) ran" \
+            || { log "out-prod: the forced F16 GEMM branch never ran"; fail=1; }
+    fi
     tbo mul-mat-kq -- -o MUL_MAT -p "type_k="
     tbo attn-v-quant -- -o ATTN_V_QUANT
     for op in HADAMARD_SET_ROWS ROPE_HADAMARD_SET_ROWS CONT_HADAMARD HADAMARD_KQ; do
