@@ -1,0 +1,57 @@
+"""benchmarks/mi210.sh, the script an MI210 owner runs, exercised here so that its first run there does not fail on a
+typo: its fidelity step end to end on the CPU build's tools (PROXY=cuda with DEV=CPU: no build, the given tools), and
+its refusals. Steps 2 and 3 need a GPU to mean anything (RESULTS, round 12: tried on the H200 with PROXY=cuda)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "mi210.sh"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, PY=sys.executable, **extra)
+
+
+def test_every_shell_script_parses():
+    scripts = sorted([*ROOT.glob("benchmarks/*.sh"), *ROOT.glob("scripts/*.sh")])
+    assert SCRIPT in scripts
+    for s in scripts:
+        r = subprocess.run(["bash", "-n", str(s)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{s.name}: {r.stderr}"
+
+
+def test_proxy_mode_needs_the_tools_folder(tmp_path):
+    env = _env(PROXY="cuda")
+    env.pop("BIN", None)
+    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0
+    assert "PROXY=cuda needs BIN" in r.stderr
+
+
+@pytest.mark.slow
+def test_fidelity_step_runs_end_to_end_on_the_cpu_tools(tmp_path):
+    from llama_vq import models
+    from llama_vq._binding import BIN_DIR
+
+    if not (BIN_DIR / "llama-perplexity").exists():
+        pytest.skip("built without the tools (LLAMA_VQ_BUILD_TOOLS=ON)")
+    out = tmp_path / "out"
+    r = subprocess.run(
+        ["bash", str(SCRIPT), str(out)],
+        env=_env(PROXY="cuda", DEV="CPU", BIN=str(BIN_DIR), STEPS="4", KL_CHUNKS="1",
+                 KL_MODEL=str(models.default_model_path())),
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )
+    report = (out / "mi210.txt").read_text()
+    assert r.returncode == 0, report + r.stderr[-3000:]
+    for pair in ("q8_0-q8_0", "q4_0-q4_0", "q8_0-q4_1", "q8_0-q4_0"):
+        assert f"{pair}-fa-off: Mean    KLD:" in report, report
+    assert "done: " in report and "failures" not in report
