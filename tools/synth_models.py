@@ -74,50 +74,33 @@ __all__ = ["GQT", "LLAMA_PRESETS", "MIMO_PRESETS", "_Rand", "default_tokenizer_s
 # ----------------------------------------------------------------------------
 # MiMo-like (arch mimo2)
 
+# loads and runs on CPU in well under a second per token; the sliding window (32) wraps with prompts longer than
+# 32 tokens
+_MIMO_TINY = dict(
+    n_layer=4,
+    n_embd=256,
+    n_head=8,
+    n_head_kv_full=2,
+    n_head_kv_swa=4,
+    head_k=192,
+    head_v=128,
+    n_rot=64,
+    n_swa=32,
+    swa_pattern=[0, 1, 1, 0],
+    n_ff=512,
+    n_expert=4,
+    n_expert_used=2,
+    n_ff_exp=64,
+    weight_type="f16",
+    n_ctx_train=4096,
+    n_vocab=None,
+    n_mtp=0,
+)
+
 MIMO_PRESETS: dict[str, dict] = {
-    # loads and runs on CPU in well under a second per token; the sliding window (32) wraps
-    # with prompts longer than 32 tokens
-    "tiny": dict(
-        n_layer=4,
-        n_embd=256,
-        n_head=8,
-        n_head_kv_full=2,
-        n_head_kv_swa=4,
-        head_k=192,
-        head_v=128,
-        n_rot=64,
-        n_swa=32,
-        swa_pattern=[0, 1, 1, 0],
-        n_ff=512,
-        n_expert=4,
-        n_expert_used=2,
-        n_ff_exp=64,
-        weight_type="f16",
-        n_ctx_train=4096,
-        n_vocab=None,
-        n_mtp=0,
-    ),
+    "tiny": _MIMO_TINY,
     # "tiny" with one MTP (nextn) block after the trunk, for draft-mtp speculation on CPU
-    "tiny-mtp": dict(
-        n_layer=4,
-        n_embd=256,
-        n_head=8,
-        n_head_kv_full=2,
-        n_head_kv_swa=4,
-        head_k=192,
-        head_v=128,
-        n_rot=64,
-        n_swa=32,
-        swa_pattern=[0, 1, 1, 0],
-        n_ff=512,
-        n_expert=4,
-        n_expert_used=2,
-        n_ff_exp=64,
-        weight_type="f16",
-        n_ctx_train=4096,
-        n_vocab=None,
-        n_mtp=1,
-    ),
+    "tiny-mtp": {**_MIMO_TINY, "n_mtp": 1},
     # MiMo-V2-Flash's attention (hidden 4096, 64 heads, K 192 / V 128, full layers 4 KV heads,
     # SWA layers 8 KV heads, window 128, 1 full layer in 6, sinks on SWA layers) with a tiny MoE:
     # attention dominates, as it does for the KV-cache question
