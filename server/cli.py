@@ -83,12 +83,11 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
         loop = asyncio.get_running_loop()
         try:
             engine.set_swa_cache_types(settings.cache_type_k_swa, settings.cache_type_v_swa)
-            await loop.run_in_executor(executor, engine.load)
+            await asyncio.wrap_future(engine.start())
         except EngineError as e:
             log.error("%s", e)
             server.should_exit = True
             return
-        engine.start_loop()
         if state is not None:
             n = await loop.run_in_executor(executor, state.restore, engine)
             if n:

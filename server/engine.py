@@ -6,6 +6,7 @@ does for a CDLL) and is meant for a worker thread; nothing here runs on the even
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import ctypes
 import json
 import sys
@@ -188,17 +189,33 @@ class Engine:
             self._h, -1 if type_k is None else type_k, -1 if type_v is None else type_v
         )
 
-    def load(self) -> None:
-        """Load the model(s) (blocks); raises EngineError on failure (llama.cpp's log says why)."""
-        if _native().llama_vq_server_load(self._h) != 0:
-            raise EngineError("the model could not be loaded (see the log above)")
+    def start(self) -> cf.Future[None]:
+        """Load the model(s), then run the task loop, both on one thread of its own ("llama-vq-engine").
 
-    def start_loop(self) -> None:
-        """Run the task loop on a thread of its own."""
-        self._loop = threading.Thread(
-            target=_native().llama_vq_server_run, args=(self._h,), name="llama-vq-engine", daemon=True
-        )
+        The future resolves once loading has ended: None when the model is ready (the loop runs from then on),
+        EngineError when it failed (llama.cpp's log says why; the thread has ended).
+
+        One thread for both because every thread that computes a ggml CPU graph is an OpenMP master with a team
+        of its own (n_threads - 1 workers, kept while the thread lives). The load computes graphs too (the
+        warm-up, -fit's probe): loaded on another thread, that thread's idle team would stay beside the loop's,
+        and once libgomp counts more threads than CPUs it throttles every barrier's spin-wait to nearly nothing,
+        so with -t = the cores each of the ~200 barriers of a decoded token sleeps in the kernel.
+        """
+        loaded: cf.Future[None] = cf.Future()
+        lib = _native()
+
+        def main() -> None:
+            if not loaded.set_running_or_notify_cancel():
+                return
+            if lib.llama_vq_server_load(self._h) != 0:
+                loaded.set_exception(EngineError("the model could not be loaded (see the log above)"))
+                return
+            loaded.set_result(None)
+            lib.llama_vq_server_run(self._h)
+
+        self._loop = threading.Thread(target=main, name="llama-vq-engine", daemon=True)
         self._loop.start()
+        return loaded
 
     def state(self) -> dict[str, Any]:
         """{"state": "created"|"loading"|"ready"|"sleeping"|"failed"|"stopped", "progress": ...}"""
