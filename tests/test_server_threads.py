@@ -33,8 +33,27 @@ def _llama_bench_decode(model: Path, threads: int) -> float:
     tool = BIN_DIR / "llama-bench"
     if not tool.exists():
         pytest.fail(f"{tool} is missing: the test suite builds llama-vq with LLAMA_VQ_BUILD_TOOLS=ON")
-    cmd = [str(tool), "-m", str(model), "-p", "0", "-n", str(N_PREDICT), "-t", str(threads), "-r", "3",
-           "-ctk", "q8_0", "-ctv", "q4_0", "-fa", "0", "-o", "json"]
+    cmd = [
+        str(tool),
+        "-m",
+        str(model),
+        "-p",
+        "0",
+        "-n",
+        str(N_PREDICT),
+        "-t",
+        str(threads),
+        "-r",
+        "3",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "q4_0",
+        "-fa",
+        "0",
+        "-o",
+        "json",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
     (row,) = json.loads(out)
     return max(row["samples_ts"])
@@ -58,14 +77,18 @@ def _server_decode(url: str, pid: int, threads: int) -> tuple[float, float]:
     """One greedy /completion of N_PREDICT tokens: (the engine's decode rate in tok/s, voluntary context switches
     per token of the `threads` threads that used the most CPU during it)."""
     before = _threads(pid)
-    r = httpx.post(url + "/completion", timeout=300,
-                   json={"prompt": "Once upon a time", "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True})
+    r = httpx.post(
+        url + "/completion",
+        timeout=300,
+        json={"prompt": "Once upon a time", "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True},
+    )
     r.raise_for_status()
     after = _threads(pid)
     timings = r.json()["timings"]
     assert timings["predicted_n"] == N_PREDICT
-    busiest = sorted(((after[t][0] - before.get(t, (0, 0))[0], after[t][1] - before.get(t, (0, 0))[1])
-                      for t in after), reverse=True)[:threads]
+    busiest = sorted(
+        ((after[t][0] - before.get(t, (0, 0))[0], after[t][1] - before.get(t, (0, 0))[1]) for t in after), reverse=True
+    )[:threads]
     return timings["predicted_per_second"], max(v for _, v in busiest) / N_PREDICT
 
 
@@ -83,8 +106,10 @@ def test_decode_at_every_core_keeps_llama_bench_speed_and_never_sleeps_at_barrie
             switches.append(vcsw)
             bench.append(_llama_bench_decode(smollm2_path, cores))
     ratio = max(served) / max(bench)
-    print(f"-t {cores}: server {max(served):.1f} tok/s, llama-bench {max(bench):.1f} tok/s (ratio {ratio:.2f}); "
-          f"voluntary switches per token per compute thread {min(switches):.1f}")
+    print(
+        f"-t {cores}: server {max(served):.1f} tok/s, llama-bench {max(bench):.1f} tok/s (ratio {ratio:.2f}); "
+        f"voluntary switches per token per compute thread {min(switches):.1f}"
+    )
     # The server's own per-token work (sampling, the task queue, detokenizing) is a few percent of a 135M model's
     # token; the barrier sleeps this guards against halved the rate (0.5x) with ~170 switches per token.
     assert ratio >= 0.85, f"the server decodes at {ratio:.2f}x of llama-bench at -t {cores}"

@@ -6,6 +6,8 @@
 // make_test_cases_perf() (patch 0014-tests-llama-vq-cases). The op names and parameters of the cases are what
 // `test-backend-ops -o OP -p PARAMS` selects (OUT_PROD, MUL_MAT, HADAMARD_SET_ROWS, ATTN_DECODE_FUSED, ...).
 
+#include "../src/llama-vq-attn.h" // the split attention (ATTN_SPLIT)
+
 // GGML_OP_OUT_PROD as the non-FA attention uses it with a quantized V cache:
 // kqv = ggml_out_prod(v, ggml_transpose(kq))
 //   v  [d_v, n_kv, n_head_kv, n_stream]: a permuted view of a row-major cache [d_v*n_head_kv, kv_size, n_stream]
@@ -541,7 +543,16 @@ struct test_attn_decode_fused : public test_case {
         : type_k(type_k), type_v(type_v), d_k(d_k), d_v(d_v), n_head(n_head), n_head_kv(n_head_kv), n_kv(n_kv),
           n_tokens(n_tokens), sinks(sinks), n_rot(n_rot), n_stream(n_stream), type_mask(type_mask), out_tail(out_tail) {}
 
-    ggml_tensor * build_graph(ggml_context * ctx) override {
+    // the attention's inputs as build_attn_mha() has them: the caches' views, the queries, the mask and the sinks
+    struct attn_inputs {
+        ggml_tensor * k;
+        ggml_tensor * v;
+        ggml_tensor * q;
+        ggml_tensor * mask;
+        ggml_tensor * sinks;
+    };
+
+    attn_inputs build_inputs(ggml_context * ctx) {
         const int64_t kv_size = n_kv + 5; // cells past n_kv are not attended
 
         // one row of n_head_kv heads per cell and stream, as llama_kv_cache stores K and a non-transposed V;
@@ -569,18 +580,26 @@ struct test_attn_decode_fused : public test_case {
         q = ggml_view_4d(ctx, q, d_k, n_head, n_tokens, n_stream, q->nb[1], q->nb[2], q->nb[2]*n_tokens, 0);
         q = ggml_permute(ctx, q, 0, 2, 1, 3);
 
-        ggml_tensor * kq = ggml_mul_mat(ctx, k, q);
-        ggml_prec_set_acc(kq, GGML_PREC_F32);
-
         ggml_tensor * mask = ggml_new_tensor_4d(ctx, type_mask, n_kv, n_tokens, 1, n_stream);
         ggml_set_name(mask, "mask");
 
-        kq = ggml_soft_max_ext(ctx, kq, mask, 1.0f/sqrtf((float) d_k), 0.0f);
+        ggml_tensor * s = nullptr;
         if (sinks) {
-            ggml_tensor * s = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_head);
+            s = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_head);
             ggml_set_name(s, "sinks");
-            ggml_soft_max_add_sinks(kq, s);
         }
+        return { k, v, q, mask, s };
+    }
+
+    ggml_tensor * build_graph(ggml_context * ctx) override {
+        const attn_inputs in = build_inputs(ctx);
+        ggml_tensor * v = in.v;
+
+        ggml_tensor * kq = ggml_mul_mat(ctx, in.k, in.q);
+        ggml_prec_set_acc(kq, GGML_PREC_F32);
+
+        kq = ggml_soft_max_ext(ctx, kq, in.mask, 1.0f/sqrtf((float) d_k), 0.0f);
+        ggml_soft_max_add_sinks(kq, in.sinks);
 
         // [d_v, n_tokens, n_head, n_stream]
         ggml_tensor * out = ggml_out_prod(ctx, v, ggml_transpose(ctx, kq));
@@ -642,6 +661,41 @@ struct test_attn_decode_fused : public test_case {
                 init_tensor_uniform(t);
             }
         }
+    }
+};
+
+// llama-vq: the attention without flash attention of a prompt batch whose scores exceed the scratch budget
+// (llama-vq-attn.h, 0017): per stream and chunk of `chunk` query tokens, K*Q (the heads of a KV head side by side)
+// -> softmax -> V*P, the chunks' outputs set into one [d_v, n_head, n_tokens, n_stream] tensor. A quantized V is
+// read row-major by OUT_PROD; an f16 V (flash attention's layout, prefill mode) is transposed once per stream.
+struct test_attn_split : public test_attn_decode_fused {
+    const int64_t chunk;
+
+    std::string vars() override {
+        return VARS_TO_STR11(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, n_stream, chunk);
+    }
+
+    std::string op_desc(ggml_tensor * t) override {
+        GGML_UNUSED(t);
+        return "ATTN_SPLIT";
+    }
+
+    test_attn_split(ggml_type type_k, ggml_type type_v, int64_t d_k, int64_t d_v, int64_t n_head, int64_t n_head_kv,
+            int64_t n_kv, int64_t n_tokens, bool sinks, int64_t n_stream, int64_t chunk)
+        : test_attn_decode_fused(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, 0, n_stream),
+          chunk(chunk) {}
+
+    ggml_tensor * build_graph(ggml_context * ctx) override {
+        const attn_inputs in = build_inputs(ctx);
+
+        llama_vq_attn_split_params p = {};
+        p.kq_scale = 1.0f/sqrtf((float) d_k);
+        p.scratch  = (size_t) chunk*n_kv*n_head*sizeof(float); // exactly `chunk` tokens' scores
+        p.il       = -1;
+        ggml_tensor * out = llama_vq_attn_split(ctx, in.q, in.k, in.v, false, in.mask, nullptr, in.sinks, nullptr, p);
+        GGML_ASSERT(out != nullptr && "the case's scores must exceed its budget");
+        ggml_set_name(out, "out");
+        return out;
     }
 };
 
@@ -863,6 +917,21 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
             }
         }
     }
+
+    // prompt batches split under a scratch budget: 8B (GQA 4), MiMo's full layers (K 192 / V 128, GQA 16) and SWA
+    // layers (GQA 8, sinks), SmolLM2 (d 64, GQA 3), chunks that do and do not divide the batch, 2 streams, one token
+    // per chunk, and an f16 V in flash attention's layout (prefill mode's decode). At most ~6 chunks a case: a
+    // test case's context holds 128 tensors
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  512,  37, false, 1,   8));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 1024,  64, false, 1,  16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  64, true,  1,  11));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0,  64,  64,  9, 3,  768,  50, false, 1,  10));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_F16,  GGML_TYPE_F16,  128, 128, 32, 8,  512,  37, false, 1,   8));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 4096, 512, false, 1, 128));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  256,   5, false, 1,   1));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  512,  20, false, 2,   8));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  20, true,  2,   8));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_F16,  GGML_TYPE_F16,   64,  64,  9, 3,  512,  20, false, 2,   8));
 }
 
 // llama-vq's performance cases, in test-backend-ops' make_test_cases_perf()
