@@ -79,6 +79,34 @@ def kv_cache_swa(ctx: int) -> tuple[int, int, int, int] | None:
     return tk.value, tv.value, k.value, v.value
 
 
+def has_attention_modes() -> bool:
+    return hasattr(llama_cpp.llama_cpp._lib, "llama_vq_flash_attn_type")
+
+
+def set_attn_scratch(n_bytes: int) -> None:
+    """The scratch budget of the attention without flash attention, for every context created after (process-wide)."""
+    fn = llama_cpp.llama_cpp._lib.llama_vq_set_attn_scratch
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = None
+    fn(n_bytes)
+
+
+def compute_buffer_size(ctx: int) -> int:
+    """Bytes of a context's compute buffers on all its devices."""
+    fn = llama_cpp.llama_cpp._lib.llama_vq_compute_buffer_size
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = ctypes.c_size_t
+    return int(fn(ctypes.c_void_p(ctx)))
+
+
+def flash_attn_type(ctx: int) -> int:
+    """The attention a context runs, "auto" resolved: 1 (flash attention), 0 (without), 2 (prefill mode)."""
+    fn = llama_cpp.llama_cpp._lib.llama_vq_flash_attn_type
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return int(fn(ctypes.c_void_p(ctx)))
+
+
 def buffer_types() -> dict[str, int]:
     """Buffer-type name -> handle for every registered device ("CPU", "CUDA0", "ROCm0", "RPC[...]")."""
     lib = _ggml()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._gguf import GGUFError, head_sizes, read_metadata
-from .cache_types import FLASH_ATTN_OFF, CacheType
+from .cache_types import FLASH_ATTN_OFF, FLASH_ATTN_PREFILL, CacheType
 from .errors import CacheConfigError
 
 
@@ -20,9 +20,9 @@ def check_cache_config(model_path: str | Path, type_k: CacheType, type_v: CacheT
     ``nonfa_quantized_v``: whether the loaded library can run a quantized V without flash attention.
     ``names``: the parameters the types came from (("type_k_swa", "type_v_swa") for sliding-window layers).
     """
-    if type_v.quantized and flash_attn == FLASH_ATTN_OFF and not nonfa_quantized_v:
+    if type_v.quantized and flash_attn in (FLASH_ATTN_OFF, FLASH_ATTN_PREFILL) and not nonfa_quantized_v:
         raise CacheConfigError(
-            f"{names[1]}={type_v.name!r} with flash_attn off needs llama-vq's V patch, which this build "
+            f"{names[1]}={type_v.name!r} with flash_attn off or prefill needs llama-vq's V patch, which this build "
             "does not carry (see llama_vq.build_info()['patches']). Fix: use flash_attn='on', or "
             f"{names[1]}='f16', or install a llama-vq build with the V patch."
         )

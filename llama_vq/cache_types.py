@@ -49,9 +49,12 @@ _BY_NUMBER = {t.ggml_type: t for t in CACHE_TYPES.values()}
 FLASH_ATTN_AUTO = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO
 FLASH_ATTN_OFF = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
 FLASH_ATTN_ON = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
-_FA_NAMES = {"on": FLASH_ATTN_ON, "off": FLASH_ATTN_OFF, "auto": FLASH_ATTN_AUTO,
+# LLAMA_FLASH_ATTN_TYPE_PREFILL (llama-vq): flash attention for prompt batches, the attention without it (which reads
+# a quantized V) for decode batches, one cache for both
+FLASH_ATTN_PREFILL = 2
+_FA_NAMES = {"on": FLASH_ATTN_ON, "off": FLASH_ATTN_OFF, "auto": FLASH_ATTN_AUTO, "prefill": FLASH_ATTN_PREFILL,
              "true": FLASH_ATTN_ON, "false": FLASH_ATTN_OFF, "enabled": FLASH_ATTN_ON,
-             "disabled": FLASH_ATTN_OFF, "1": FLASH_ATTN_ON, "0": FLASH_ATTN_OFF}
+             "disabled": FLASH_ATTN_OFF, "1": FLASH_ATTN_ON, "0": FLASH_ATTN_OFF, "2": FLASH_ATTN_PREFILL}
 
 
 def valid_cache_type_names() -> list[str]:
@@ -84,17 +87,17 @@ def parse_cache_type(value: str | int | CacheType, *, param: str = "type") -> Ca
 
 
 def parse_flash_attn(value: bool | str | int | None) -> int:
-    """Map True/False, "on"/"off"/"auto" (any case) or -1/0/1 to llama.cpp's flash_attn_type."""
+    """Map True/False, "on"/"off"/"auto"/"prefill" (any case) or -1/0/1/2 to llama.cpp's flash_attn_type."""
     if value is None:
         return FLASH_ATTN_AUTO
     if isinstance(value, bool):
         return FLASH_ATTN_ON if value else FLASH_ATTN_OFF
-    if isinstance(value, int) and value in (FLASH_ATTN_AUTO, FLASH_ATTN_OFF, FLASH_ATTN_ON):
+    if isinstance(value, int) and value in (FLASH_ATTN_AUTO, FLASH_ATTN_OFF, FLASH_ATTN_ON, FLASH_ATTN_PREFILL):
         return value
     if isinstance(value, str) and value.strip().lower() in _FA_NAMES:
         return _FA_NAMES[value.strip().lower()]
-    raise CacheConfigError(f"flash_attn={value!r} is not valid; use True/False or 'on', 'off', 'auto'")
+    raise CacheConfigError(f"flash_attn={value!r} is not valid; use True/False or 'on', 'off', 'auto', 'prefill'")
 
 
 def flash_attn_name(mode: int) -> str:
-    return {FLASH_ATTN_ON: "on", FLASH_ATTN_OFF: "off", FLASH_ATTN_AUTO: "auto"}[mode]
+    return {FLASH_ATTN_ON: "on", FLASH_ATTN_OFF: "off", FLASH_ATTN_AUTO: "auto", FLASH_ATTN_PREFILL: "prefill"}[mode]

@@ -16,7 +16,9 @@ from ._build import build_info
 from ._validate import check_cache_config
 from .cache_types import (
     FLASH_ATTN_AUTO,
+    FLASH_ATTN_OFF,
     FLASH_ATTN_ON,
+    FLASH_ATTN_PREFILL,
     CacheType,
     flash_attn_name,
     parse_cache_type,
@@ -82,7 +84,14 @@ class Llama(llama_cpp.Llama):
         type_k_swa, type_v_swa: the cache types of an iSWA model's sliding-window layers (e.g. f16 for
             MiMo's 128-token windows while the full layers hold q4_0); default: type_k / type_v.
             Ignored (llama.cpp logs a warning) for models without sliding-window layers.
-        flash_attn: True/False or "on"/"off"/"auto" (auto lets llama.cpp pick per device).
+        flash_attn: True/False or "on"/"off"/"auto"/"prefill". "prefill": flash attention for prompt batches
+            and llama-vq's attention without it for decode batches (up to LLAMA_VQ_DECODE_TOKENS tokens per
+            sequence, default 8), one cache for both; it needs a quantized V to differ from "on". "auto":
+            llama.cpp picks per device, and with a quantized V llama-vq picks "prefill" on an accelerator and
+            "off" on the CPU alone. ``flash_attn_mode`` says what the context runs.
+        attn_scratch_mib: without flash attention, a batch's attention scores are computed in splits of at
+            most this many MiB (default: LLAMA_VQ_ATTN_SCRATCH_MIB, else 256). Process-wide: it applies to
+            every context created from then on.
         tensor_overrides: llama-server's --override-tensor: [("exps", "CPU")] or ["exps=CPU"];
             tensors whose name matches the regex are stored in that buffer type.
         rpc_servers: "host:port,host:port" of llama.cpp rpc-server processes to use as devices.
@@ -111,6 +120,7 @@ class Llama(llama_cpp.Llama):
         type_k_swa: str | int | CacheType | None = None,
         type_v_swa: str | int | CacheType | None = None,
         flash_attn: bool | str | int = False,
+        attn_scratch_mib: int | None = None,
         tensor_overrides: Sequence[tuple[str, str] | str] | None = None,
         rpc_servers: str | Sequence[str] | None = None,
         swa_full: bool = True,
@@ -123,6 +133,16 @@ class Llama(llama_cpp.Llama):
         tk_swa = tk if type_k_swa is None else parse_cache_type(type_k_swa, param="type_k_swa")
         tv_swa = tv if type_v_swa is None else parse_cache_type(type_v_swa, param="type_v_swa")
         fa = parse_flash_attn(flash_attn)
+        if fa == FLASH_ATTN_PREFILL and not _native.has_attention_modes():
+            raise CacheConfigError(
+                "flash_attn='prefill' needs llama-vq's prefill-mode patch, which this build does not carry. "
+                "Fix: use flash_attn='on' or 'off', or install a current llama-vq build."
+            )
+        if attn_scratch_mib is not None:
+            if isinstance(attn_scratch_mib, bool) or not isinstance(attn_scratch_mib, int) or attn_scratch_mib <= 0:
+                raise CacheConfigError(f"attn_scratch_mib={attn_scratch_mib!r} is not a positive number of MiB")
+            if not _native.has_attention_modes():
+                raise CacheConfigError("attn_scratch_mib needs llama-vq's split attention, which this build lacks")
         overrides = _parse_overrides(tensor_overrides)
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
@@ -166,6 +186,8 @@ class Llama(llama_cpp.Llama):
 
         def adjust_context(params: Any) -> None:
             params.flash_attn_type = fa
+            if attn_scratch_mib is not None:
+                _native.set_attn_scratch(attn_scratch_mib << 20)
             if swa_differs:  # for the llama_init_from_model() that follows on this thread
                 _native.set_next_swa_cache_types(tk_swa.ggml_type, tv_swa.ggml_type)
             params.n_seq_max = n_seq_max
@@ -197,7 +219,10 @@ class Llama(llama_cpp.Llama):
         self._vq_type_k, self._vq_type_v = tk, tv
         self._vq_type_k_swa, self._vq_type_v_swa = tk_swa, tv_swa
         self._vq_flash_attn_requested = fa
-        self._vq_flash_attn = self._resolved_flash_attn(cap.text(), fa)
+        if _native.has_attention_modes():
+            self._vq_flash_attn_mode = _native.flash_attn_type(self._ctx.ctx)
+        else:
+            self._vq_flash_attn_mode = FLASH_ATTN_ON if self._resolved_flash_attn(cap.text(), fa) else FLASH_ATTN_OFF
         self._vq_swa_full = bool(swa_full)
 
     @property
@@ -223,8 +248,13 @@ class Llama(llama_cpp.Llama):
 
     @property
     def flash_attn(self) -> bool:
-        """Whether the context runs flash attention (after llama.cpp resolved "auto")."""
-        return self._vq_flash_attn
+        """Whether the context runs flash attention, for every batch ("on") or for prompt batches ("prefill")."""
+        return self._vq_flash_attn_mode != FLASH_ATTN_OFF
+
+    @property
+    def flash_attn_mode(self) -> str:
+        """The attention the context runs, "auto" resolved: "on", "off" or "prefill" (see the constructor)."""
+        return flash_attn_name(self._vq_flash_attn_mode)
 
     @property
     def cache_types(self) -> tuple[str, str]:
@@ -234,6 +264,12 @@ class Llama(llama_cpp.Llama):
     def swa_cache_types(self) -> tuple[str, str]:
         """The cache types requested for sliding-window layers (kv_cache_info() says what was allocated)."""
         return self._vq_type_k_swa.name, self._vq_type_v_swa.name
+
+    def compute_buffer_bytes(self) -> int:
+        """Bytes of the context's compute buffers on all its devices (the graph's scratch, logits excluded)."""
+        if not _native.has_attention_modes():
+            raise RuntimeError("this llama-vq build does not report compute buffers")
+        return _native.compute_buffer_size(self._ctx.ctx)
 
     def kv_cache_info(self) -> KVCacheInfo:
         """Types, cells and bytes of K and of V as llama.cpp allocated them (llama_kv_cache_size)."""
