@@ -1,31 +1,36 @@
 """The FastAPI application: llama-server's routes (from the engine's own route table) behind llama-vq's front end.
 
 Every route the engine lists is registered under --api-prefix with FastAPI's path syntax and served by the
-bridge (bridge.py). The front end answers, without the engine: 503 "Loading model" on every route until the
-model is loaded and its task loop runs (as llama-server's middleware), 401 for a missing or wrong key, CORS
-pre-flights, 413 for a body over --max-body-size, 404 in llama-server's error shape, the OpenAPI page (/docs,
-/openapi.json), and Prometheus metrics of its own after llama-server's (/metrics).
+bridge (bridge.py), /metrics included (the front end's metrics follow llama-server's). Around the routes, outermost
+first: header names as llama-server's, CORS and OPTIONS, HEAD as GET, the one readiness check (503 "Loading model"
+on every route, the OpenAPI document included, until the model is loaded and its task loop runs), API keys, the
+body limit. 404 and 405 have llama-server's error shape.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures as cf
-import logging
 import re
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import __version__
-from .bridge import Bridge, EngineResponse
+from . import __version__, protocol
+from .bridge import Bridge
 from .engine import Engine, Route
 from .metrics import Metrics
-from .security import ApiKeyMiddleware, BodyLimitMiddleware, HeaderCaseMiddleware, add_cors, error_body
+from .middleware import HeadMiddleware, HeaderCaseMiddleware, Readiness, ReadinessMiddleware
+from .responses import JSON_TYPE, error_body
+from .security import OPEN_PATHS, ApiKeyMiddleware, BodyLimitMiddleware, add_cors
 from .settings import Settings
+from .workers import Workers
 
-log = logging.getLogger("llama_vq.server")
+TITLE = "llama-vq-server"
+DESCRIPTION = (
+    "llama-server's API (OpenAI, Anthropic, llama-server's own) on llama-vq: a quantized V cache with flash "
+    "attention off, and llama-server's engine."
+)
 
 # OpenAPI tags and summaries by path (the routes themselves come from the engine)
 _DOC = {
@@ -55,28 +60,15 @@ def fastapi_path(path: str) -> str:
     return re.sub(r":([A-Za-z_][A-Za-z0-9_]*)", r"{\1}", path)
 
 
-def create_app(
-    settings: Settings,
-    engine: Engine,
-    metrics: Metrics,
-    executor: cf.ThreadPoolExecutor,
-    ready: asyncio.Event | None = None,
-) -> FastAPI:
-    """The app for one engine. `ready` is set by the caller once the model is loaded and the loop runs; until
-    then every route answers 503, /health included (as llama-server)."""
-    app = FastAPI(
-        title="llama-vq-server",
-        version=__version__,
-        description="llama-server's API (OpenAI, Anthropic, llama-server's own) on llama-vq: a quantized V "
-        "cache with flash attention off, and llama-server's engine.",
-    )
-    app.state.ready = ready or asyncio.Event()
-    bridge = Bridge(engine, executor, metrics, settings.sse_keepalive, settings.api_prefix)
+def create_app(settings: Settings, engine: Engine, metrics: Metrics, workers: Workers, readiness: Readiness) -> FastAPI:
+    """The app for one engine; `readiness` is set by the caller once the model is loaded and slots restored."""
+    app = FastAPI(title=TITLE, version=__version__, description=DESCRIPTION)
+    metrics.engine_ready.set_function(lambda: 1.0 if readiness.ready() else 0.0)
+    bridge = Bridge(engine, workers, metrics, settings.sse_keepalive, settings.api_prefix, {"/metrics": metrics.render})
+    app.state.bridge = bridge
 
-    def endpoint_for(route: Route):
-        async def endpoint(request: Request) -> Response | EngineResponse:
-            if not app.state.ready.is_set() or not engine.loop_alive:
-                return _loading(engine)
+    def endpoint_for(route: Route):  # noqa: ANN202
+        async def endpoint(request: Request) -> Response:
             return await bridge.serve(request, route)
 
         return endpoint
@@ -84,16 +76,9 @@ def create_app(
     for route in engine.routes:
         path = fastapi_path(route.path)
         tag, summary = _DOC.get(path, ("llama-server", f"llama-server's {route.method} {route.path}"))
-        if route.path == "/metrics":
-            app.add_api_route(
-                settings.api_prefix + path,
-                _metrics_endpoint(app, engine, bridge, metrics),
-                methods=["GET"],
-                tags=[tag],
-                summary=summary,
-                response_model=None,
-            )
-            continue
+        extra = protocol.operation_extra(route.method, route.path)
+        if settings.api_keys and route.path in OPEN_PATHS:
+            extra["security"] = []
         app.add_api_route(
             settings.api_prefix + path,
             endpoint_for(route),
@@ -102,70 +87,34 @@ def create_app(
             summary=summary,
             name=f"{route.method} {route.path}",
             response_model=None,
+            openapi_extra=extra,
         )
+    app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
 
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    # innermost first: the body limit, keys, CORS (pre-flights before the key check)
+    # innermost first: the body limit, keys, readiness, HEAD, CORS (OPTIONS before the readiness and key checks)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_size)
     if settings.api_keys:
-        app.add_middleware(
-            ApiKeyMiddleware,
-            keys=settings.api_keys,
-            prefix=settings.api_prefix,
-            ready=lambda: app.state.ready.is_set() and engine.loop_alive,
-        )
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, prefix=settings.api_prefix)
+    app.add_middleware(ReadinessMiddleware, readiness=readiness)
+    app.add_middleware(HeadMiddleware)
     add_cors(app, settings.cors_origins, settings.cors_methods, settings.cors_headers, settings.cors_credentials)
     app.add_middleware(HeaderCaseMiddleware)  # outermost: every answer's header names as llama-server's
     return app
 
 
-def _loading(engine: Engine) -> Response:
-    state = engine.state().get("state")
-    if state in ("failed", "stopped"):
-        return Response(
-            error_body(503, f"the engine has {state}", "unavailable_error"),
-            503,
-            media_type="application/json; charset=utf-8",
-        )
-    return Response(
-        error_body(503, "Loading model", "unavailable_error"), 503, media_type="application/json; charset=utf-8"
-    )
-
-
-def _metrics_endpoint(app: FastAPI, engine: Engine, bridge: Bridge, metrics: Metrics):
-    route = Route("GET", "/metrics")
-
-    async def get_metrics(request: Request) -> Response:
-        metrics.engine_ready.set(1 if app.state.ready.is_set() and engine.loop_alive else 0)
-        if not app.state.ready.is_set() or not engine.loop_alive:
-            return _loading(engine)
-
-        def upstream() -> tuple[int, bytes, str, dict[str, str]]:
-            call = engine.call(
-                route,
-                "/metrics",
-                request.url.query,
-                dict(request.query_params),
-                {k.lower(): v for k, v in request.headers.items()},
-            )
-            try:
-                head = call.run()
-                return head.status, call.body(), head.content_type, head.headers
-            finally:
-                call.close()
-
-        status, body, ctype, headers = await asyncio.get_running_loop().run_in_executor(bridge.executor, upstream)
-        # llama-server's own headers (Process-Start-Time-Unix) go along
-        headers = {
-            k: v
-            for k, v in headers.items()
-            if k.lower() not in ("content-type", "content-length", "transfer-encoding", "connection")
-        }
-        if status != 200:  # llama-server without --metrics: its answer, as it gives it
-            return Response(body, status, headers=headers, media_type=ctype)
-        return Response(body + b"\n" + metrics.render(), 200, headers=headers, media_type="text/plain; version=0.0.4")
-
-    return get_metrics
+def _openapi(app: FastAPI, settings: Settings) -> dict:
+    if app.openapi_schema is None:
+        doc = get_openapi(title=TITLE, version=__version__, description=DESCRIPTION, routes=app.routes)
+        doc.setdefault("components", {}).setdefault("schemas", {}).update(protocol.component_schemas())
+        if settings.api_keys:  # every route but /health needs one of the keys, in either header
+            doc["components"]["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
+            }
+            doc["security"] = [{"bearer": []}, {"apiKey": []}]
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -175,4 +124,4 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
         body = error_body(405, f"method {request.method} not allowed for {request.url.path}", "invalid_request_error")
     else:
         body = error_body(exc.status_code, str(exc.detail), "invalid_request_error")
-    return Response(body, exc.status_code, media_type="application/json; charset=utf-8")
+    return Response(body, exc.status_code, media_type=JSON_TYPE.decode())
