@@ -6,8 +6,8 @@ decoded a few tokens, and closes the socket.
 What must hold: the task is cancelled (the engine logs it) and the slot is idle within one iteration of the task
 loop after the disconnect (a slot decodes one token per iteration): the slot's tokens at its release, as the
 engine logs them, exceed those of the last look before the close by at most 2 (the iteration running when the
-close was seen, and the one the cancel waited for). Before the cancel woke the waiting handler, a non-streamed request (and a
-stream whose prompt was processed) kept its slot until llama-server's 1 s poll, dozens of tokens.
+close was seen, and the one the cancel waited for). Before the cancel woke the waiting handler, a non-streamed
+request (and a stream whose prompt was processed) kept its slot until llama-server's 1 s poll, dozens of tokens.
 
 CPU cost: two servers (SmolLM2; Qwen2.5-Coder-0.5B for /infill), 12 requests of ~10 tokens each.
 """

@@ -20,7 +20,7 @@ from . import __version__, protocol
 from .bridge import Bridge
 from .engine import Engine, Route
 from .metrics import Metrics
-from .middleware import HeadMiddleware, HeaderCaseMiddleware, Readiness, ReadinessMiddleware
+from .middleware import HeaderCaseMiddleware, HeadMiddleware, Readiness, ReadinessMiddleware
 from .responses import JSON_TYPE, error_body
 from .security import OPEN_PATHS, ApiKeyMiddleware, BodyLimitMiddleware, add_cors
 from .settings import Settings

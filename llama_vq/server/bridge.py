@@ -142,7 +142,11 @@ class _Writer:
         if not self.started:
             await self.start(
                 200,
-                [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
+                [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                ],
             )
         await self.send({"type": "http.response.body", "body": sse.KEEPALIVE, "more_body": True})
 

@@ -197,9 +197,13 @@ class ErrorResponse(BaseModel):
 
 _TRANSCRIPTION_FORM = {
     "type": "object",
-    "properties": {"file": {"type": "string", "format": "binary"}, "model": {"type": "string"},
-                   "language": {"type": "string"}, "prompt": {"type": "string"},
-                   "response_format": {"type": "string"}},
+    "properties": {
+        "file": {"type": "string", "format": "binary"},
+        "model": {"type": "string"},
+        "language": {"type": "string"},
+        "prompt": {"type": "string"},
+        "response_format": {"type": "string"},
+    },
     "required": ["file"],
 }
 
@@ -250,8 +254,10 @@ def operation_extra(method: str, path: str) -> dict[str, Any]:
     llama-server's error body for 4xx and 5xx answers."""
     extra: dict[str, Any] = {
         "responses": {
-            code: {"description": "llama-server's error body", "content": {"application/json": {"schema": _ref(
-                "ErrorResponse")}}}
+            code: {
+                "description": "llama-server's error body",
+                "content": {"application/json": {"schema": _ref("ErrorResponse")}},
+            }
             for code in ("4XX", "5XX")
         }
     }

@@ -32,8 +32,13 @@ def final_error(route_path: str, message: str, n_events: int) -> bytes:
         doc = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
         return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
     if route_path in RESPONSES:
-        doc = {"type": "error", "code": "server_shutting_down", "message": message, "param": None,
-               "sequence_number": n_events}
+        doc = {
+            "type": "error",
+            "code": "server_shutting_down",
+            "message": message,
+            "param": None,
+            "sequence_number": n_events,
+        }
         return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
     out = b"data: " + json.dumps({"error": {"code": 503, "message": message, "type": "unavailable_error"}}).encode()
     out += b"\n\n"
