@@ -123,9 +123,7 @@ server_python() {
     tar xJf "$(dirname "$C")/py.tar.xz" -C /tmp || exit 1
     PY=/tmp/py/bin/python3
     export LD_LIBRARY_PATH=/tmp/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    # the repository's server/ is the package llama_vq_server (as the wheel installs it)
-    mkdir -p /tmp/py-src && ln -sfn "$here/server" /tmp/py-src/llama_vq_server
-    export PYTHONPATH=$here:/tmp/py-src
+    export PYTHONPATH=$here  # llama_vq and llama_vq.server from the checkout
 }
 
 # ppl_kl TXT LABEL [ENV=VALUE ...] -- ARGS...: llama-perplexity on the 8B shape over 4 x 512 tokens of llama.cpp's own

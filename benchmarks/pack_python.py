@@ -9,9 +9,9 @@ interpreter (its binary, libpython when shared, the standard library without tes
 server's runtime packages from SITE (default: this interpreter's own site-packages, e.g. the project's
 .venv) into one archive (~25 MB). There:
 
-    tar xJf OUT.tar.xz -C /tmp && LD_LIBRARY_PATH=/tmp/py/lib /tmp/py/bin/python3 -m llama_vq_server.cli ...
+    tar xJf OUT.tar.xz -C /tmp && LD_LIBRARY_PATH=/tmp/py/lib /tmp/py/bin/python3 -m llama_vq.server.cli ...
 
-with the checkout on PYTHONPATH (llama_vq, server) and its llama_vq/lib built there. Run it with the
+with the checkout on PYTHONPATH (llama_vq, llama_vq.server) and its llama_vq/lib built there. Run it with the
 Python the packages were installed for (the .venv's python), so the ABI matches.
 """
 
@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-# What `import llama_vq_server.cli, llama_vq, llama_cpp` needs at run time, and what those import in turn.
+# What `import llama_vq.server.cli, llama_vq, llama_cpp` needs at run time, and what those import in turn.
 PACKAGES = [
     "annotated_doc",
     "annotated_types",
@@ -46,6 +46,8 @@ PACKAGES = [
     "prometheus_client",
     "pydantic",
     "pydantic_core",
+    "python_multipart",
+    "multipart",
     "sniffio",
     "starlette",
     "typing_extensions.py",

@@ -72,7 +72,7 @@ def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list
     ]
     # the same flags for both: llama-vq-server parses them with llama-server's own parser
     if kind == "ours":
-        return [args.python or sys.executable, "-m", "llama_vq_server.cli", *common, "--no-webui"]
+        return [args.python or sys.executable, "-m", "llama_vq.server.cli", *common, "--no-webui"]
     return [str(args.llama_server), *common, "--no-webui"]
 
 

@@ -9,7 +9,7 @@ Offline: the suite starts the server from $LLAMA_SERVER_BIN_PATH with --hf-repo/
 --model-url) arguments.  This script generates a small wrapper per server that replaces those by
 `-m <local gguf>` (SmolLM2-135M-Instruct Q4_1 by default, llama_vq.default_model_path()), adds
 `--threads 1` unless a thread count is given, and execs the target: the llama-server binary, or
-`python -m llama_vq_server.cli`.
+`python -m llama_vq.server.cli`.
 
 The suite is copied to a temp dir (the vendored tree is left alone) with two changes:
   * conftest's session fixture no longer pre-starts every preset to download its model
@@ -59,7 +59,7 @@ LLAMA_SERVER = ROOT / "build" / "py3-none-linux_x86_64" / "bin" / "llama-server"
 
 TARGETS = {
     "llama-server": [str(LLAMA_SERVER)],
-    "llama-vq-server": [sys.executable, "-m", "llama_vq_server.cli"],
+    "llama-vq-server": [sys.executable, "-m", "llama_vq.server.cli"],
 }
 
 # most important first: when time is short, the head of the list is what runs

@@ -229,7 +229,7 @@ whl = glob.glob("dist/llama_vq-*.whl")
 z = zipfile.ZipFile(whl[0]) if len(whl) == 1 else None
 names = z.namelist() if z else []
 need = ["llama_vq/lib/libggml-hip.so", "llama_vq/lib/libllama.so", "llama_vq/bin/test-backend-ops",
-        "llama_vq/lib/libllama-vq-server.so", "llama_vq/lib/libmtmd.so", "llama_vq_server/cli.py"]
+        "llama_vq/lib/libllama-vq-server.so", "llama_vq/lib/libmtmd.so", "llama_vq/server/cli.py"]
 cfg = json.loads(z.read("llama_vq/_build_config.json")) if z else {}
 lib = z.read(need[0]) if z and need[0] in names else b""
 kernels = ["k_out_prod_q_vec", "k_out_prod_q_combine", "mul_mat_vec_q_short", "k_fwht_set_rows", "k_cont_fwht",

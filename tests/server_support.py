@@ -31,7 +31,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m llama_vq_server.cli`` (the installed llama-vq-server) with llama-server's and llama-vq's flags;
+    """``python -m llama_vq.server.cli`` (the installed llama-vq-server) with llama-server's and llama-vq's flags;
     ``url``, ``log()``, ``stop()``. Defaults: --ctx-size 1024 and --threads 1 (a flag given later wins: llama.cpp's
     parser keeps the last value)."""
 
@@ -52,7 +52,7 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "llama_vq_server.cli",
+            "llama_vq.server.cli",
             "--model",
             str(model),
             "--port",

@@ -109,12 +109,12 @@ def _server_answers_health(venv: Path, model: Path, cwd: Path) -> dict:
 def test_wheels_install_into_a_fresh_venv_and_run_without_the_source_tree(dist, smollm2_path, tmp_path):
     wheels = sorted(dist.glob("*.whl"))
     assert {w.name.split("-")[0] for w in wheels} == {"llama_vq", "llama_cpp_python"}, wheels
-    # the server is the package llama_vq_server, with its engine; no top-level "server" to collide with others'
+    # the server is the subpackage llama_vq.server, with its engine; no top-level "server" to collide with others'
     (ours,) = [w for w in wheels if w.name.startswith("llama_vq-")]
     names = zipfile.ZipFile(ours).namelist()
     assert {n.split("/")[0] for n in names if "/" in n and not n.split("/")[0].endswith(".dist-info")} == {
-        "llama_vq", "llama_vq_server"}, sorted({n.split("/")[0] for n in names})
-    assert "llama_vq_server/cli.py" in names and "llama_vq/lib/libllama-vq-server.so" in names
+        "llama_vq"}, sorted({n.split("/")[0] for n in names})
+    assert "llama_vq/server/cli.py" in names and "llama_vq/lib/libllama-vq-server.so" in names
     away = tmp_path / "elsewhere"
     away.mkdir()
     py = _venv(tmp_path / "venv")

@@ -98,6 +98,34 @@ def test_cors_preflight_needs_no_key(srv):
     assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "http://ui.test"
 
 
+@pytest.mark.parametrize("name", ["Authorization", "X-Api-Key"])
+def test_of_a_repeated_key_header_the_first_counts(srv, name):
+    good = f"Bearer {KEY}" if name == "Authorization" else KEY
+    bad = "Bearer nope" if name == "Authorization" else "nope"
+    assert httpx.get(srv.url + "/v1/models", headers=[(name, good), (name, bad)]).status_code == 200
+    _is_401(httpx.get(srv.url + "/v1/models", headers=[(name, bad), (name, good)]))
+
+
+def test_head_is_get_without_the_body(srv):
+    for path in ("/health", "/v1/health"):
+        r = httpx.head(srv.url + path)
+        assert r.status_code == 200 and r.content == b"", r
+        assert r.headers["content-type"].startswith("application/json")
+        assert int(r.headers["content-length"]) == len(httpx.get(srv.url + path).content)
+    no_key = httpx.head(srv.url + "/v1/models")
+    assert no_key.status_code == 401 and no_key.content == b""
+    r = httpx.head(srv.url + "/v1/models", headers=srv.headers())
+    assert r.status_code == 200 and r.content == b"", r
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/chat/completions", "/no/such/route"])
+def test_options_without_an_origin_is_a_200_without_a_key(srv, path):
+    r = httpx.options(srv.url + path)
+    assert r.status_code == 200 and r.content == b"", (r, r.text)
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    assert r.headers["access-control-allow-headers"] == "*" and r.headers["access-control-allow-credentials"] == "true"
+
+
 def test_the_key_never_appears_in_the_log(srv):
     r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
                                                            "max_tokens": 2}, headers=srv.headers(), timeout=120)
@@ -127,7 +155,7 @@ def test_every_route_answers_503_loading_model_until_the_model_is_loaded(tmp_pat
         assert r is not None, s.log()
         assert r.status_code == 503 and r.json() == LOADING, r.text
         for method, path in (("GET", "/v1/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
-                             ("GET", "/metrics"), ("POST", "/completion")):
+                             ("GET", "/metrics"), ("POST", "/completion"), ("GET", "/openapi.json"), ("GET", "/docs")):
             r = httpx.request(method, s.url + path, json={} if method == "POST" else None, timeout=5)
             assert r.status_code == 503 and r.json() == LOADING, (path, r.text)
         # as llama-server, the state is checked before the key: no key, or a wrong one, is a 503 too

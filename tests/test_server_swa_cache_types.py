@@ -20,8 +20,8 @@ KV_REPORT = re.compile(r"llama_kv_cache: size = .*?K \((\w+)\): .*?V \((\w+)\)")
 
 
 def test_options_and_settings_map_swa_types_to_ggml_types():
-    from llama_vq_server.options import split_argv
-    from llama_vq_server.settings import Settings
+    from llama_vq.server.options import split_argv
+    from llama_vq.server.settings import Settings
 
     ours, rest = split_argv(["-m", "x.gguf", "--cache-type-k-swa", "F16", "--cache-type-v-swa=q8_0", "-ctk", "q4_0"],
                             {})

@@ -57,7 +57,7 @@ void set_error(char ** error_json, const std::string & message) {
     }
 }
 
-// an error response as llama-server's ex_wrapper makes it: invalid_argument is the client's fault (400)
+// an error response as llama-server's ex_wrapper makes it
 server_http_res_ptr error_response(const std::string & message, error_type type) {
     auto res = std::make_unique<server_http_res>();
     json err = format_error_response(message, type);
@@ -305,6 +305,7 @@ void llama_vq_server_terminate(llama_vq_server * srv) {
     try {
         srv->mcp_mgr.shutdown();
         srv->ctx_server.terminate();
+        srv->ctx_server.wake_waiters();
     } catch (...) {
     }
 }
@@ -385,14 +386,9 @@ int llama_vq_server_call_run(llama_vq_server_call * call) {
         if (call->res == nullptr) {
             call->res = error_response("empty response from handler", ERROR_TYPE_SERVER);
         }
-    } catch (const std::invalid_argument & e) {
-        call->res = error_response(e.what(), ERROR_TYPE_INVALID_REQUEST);
-    } catch (const std::out_of_range & e) {
-        // a value of the request out of range (a token id past the vocabulary, an index): the client's error,
-        // where llama-server's ex_wrapper answers 500
-        call->res = error_response(e.what(), ERROR_TYPE_INVALID_REQUEST);
     } catch (const std::exception & e) {
-        call->res = error_response(e.what(), ERROR_TYPE_SERVER);
+        // as llama-server's ex_wrapper: the client's mistakes are 400, anything else 500 (patch 0020)
+        call->res = error_response(e.what(), exception_error_type(e));
     } catch (...) {
         call->res = error_response("unknown error", ERROR_TYPE_SERVER);
     }
@@ -442,6 +438,8 @@ int llama_vq_server_call_next(llama_vq_server_call * call, const char ** data, s
 
 void llama_vq_server_call_cancel(llama_vq_server_call * call) {
     call->cancelled.store(true);
+    // the handler waiting for this call's results checks should_stop() now, not at its next 1 s poll (patch 0021)
+    call->srv->ctx_server.wake_waiters();
 }
 
 void llama_vq_server_call_free(llama_vq_server_call * call) {

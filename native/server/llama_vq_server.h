@@ -8,12 +8,12 @@
 // Strings returned as `char *` are NUL-terminated UTF-8 JSON allocated here: free them with
 // llama_vq_server_string_free. Pointers returned as `const char *` belong to their object. No C++ exception
 // crosses this boundary: a failing handler becomes a JSON error response ({"error": {"code", "message",
-// "type"}}, llama-server's shape and status codes), a failing call of this ABI returns NULL / -1 and an
-// error document where it takes `char ** error_json`.
+// "type"}}, llama-server's shape and status codes: 400 for the client's mistakes, 500 for the rest), a failing
+// call of this ABI returns NULL / -1 and an error document where it takes `char ** error_json`.
 //
 // Threads: create, load, run and the calls may each be on a thread of their own. load() and run() block;
-// call_run() and call_next() block until the engine answers (cancel() from any thread stops them within
-// llama-server's polling interval of 1 s, and frees the task's slot).
+// call_run() and call_next() block until the engine answers; cancel() from any thread makes them return at once,
+// and freeing the call then cancels its tasks, whose slots the task loop frees at its next iteration.
 #pragma once
 
 #include <stddef.h>
@@ -95,7 +95,8 @@ LLAMA_VQ_SERVER_API void llama_vq_server_call_body(struct llama_vq_server_call *
 // A stream's next chunk (may be empty). Blocks. Returns 1 when more may follow, 0 after the last chunk.
 LLAMA_VQ_SERVER_API int llama_vq_server_call_next(struct llama_vq_server_call * call, const char ** data, size_t * len);
 
-// The client is gone: should_stop() is true from now on. Any thread.
+// The client is gone: should_stop() is true from now on, and a call_run() or call_next() waiting for results
+// returns now. Any thread.
 LLAMA_VQ_SERVER_API void llama_vq_server_call_cancel(struct llama_vq_server_call * call);
 
 // Completes the response (upstream's on_complete) and frees the call.

@@ -1,58 +1,38 @@
-"""API keys and CORS, answered as llama-server answers them (tools/server/server-http.cpp's middlewares).
+"""Access, answered as llama-server answers it (tools/server/server-http.cpp's middlewares): API keys, CORS and
+the request size limit.
 
-- Keys: `Authorization: Bearer KEY` or `X-Api-Key: KEY` (Anthropic's header), any of several keys; /health,
-  /v1/health and CORS pre-flights are open; a wrong or missing key is a 401 with llama-server's body.
-- CORS: Starlette's middleware, configured from llama-server's --cors-origins/--cors-methods/--cors-headers/
-  --cors-credentials: "*" (with credentials the request's Origin is echoed, as llama-server does), "localhost"
-  (only http(s)://localhost / 127.0.0.1 / [::1] origins, any port), or a comma-separated list.
+- Keys: `Authorization: Bearer KEY` or `X-Api-Key: KEY` (Anthropic's header), any of several keys; of a header
+  sent twice the first counts, as cpp-httplib reads it; /health, /v1/health and OPTIONS are open; a wrong or
+  missing key is a 401 with llama-server's body.
+- CORS: Starlette's middleware for pre-flights, configured from llama-server's --cors-origins/--cors-methods/
+  --cors-headers/--cors-credentials: "*" (with credentials the request's Origin is echoed, as llama-server does),
+  "localhost" (only http(s)://localhost / 127.0.0.1 / [::1] origins, any port), or a comma-separated list. Any
+  other OPTIONS request is answered 200 with the Access-Control-Allow-* headers, as llama-server answers it.
+- Body size: 413 for a body over --max-body-size, by Content-Length before it is read.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-log = logging.getLogger("llama_vq.server")
+from .responses import error_body, first_header, send_json
+
+log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health", "/v1/health"})
 LOCALHOST_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
-def error_body(status: int, message: str, type_: str) -> bytes:
-    return json.dumps({"error": {"code": status, "message": message, "type": type_}}).encode()
-
-
-async def send_json(send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json; charset=utf-8"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
 class ApiKeyMiddleware:
-    """`ready`: whether the model is loaded; until then requests go on without a key check, to the app's 503
-    "Loading model" (llama-server checks its state before the key)."""
-
-    def __init__(
-        self, app: ASGIApp, keys: Iterable[str], prefix: str = "", ready: Callable[[], bool] | None = None
-    ) -> None:
+    def __init__(self, app: ASGIApp, keys: Iterable[str], prefix: str = "") -> None:
         self.app = app
         self.keys = [k.encode() for k in keys]
         self.open = frozenset(prefix + p for p in OPEN_PATHS)
-        self.ready = ready
 
     def allowed(self, authorization: bytes | None, x_api_key: bytes | None) -> bool:
         token = authorization or x_api_key or b""
@@ -65,11 +45,8 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in self.open:
             await self.app(scope, receive, send)
             return
-        if self.ready is not None and not self.ready():
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        if self.allowed(headers.get(b"authorization"), headers.get(b"x-api-key")):
+        headers = scope["headers"]
+        if self.allowed(first_header(headers, b"authorization"), first_header(headers, b"x-api-key")):
             await self.app(scope, receive, send)
             return
         log.warning("unauthorized: invalid API key (%s %s)", scope["method"], scope["path"])
@@ -118,37 +95,41 @@ class AlwaysAllowOrigin:
         await self.app(scope, receive, wrapped)
 
 
-def add_cors(app, origins: str, methods: str, headers: str, credentials: bool) -> None:
-    app.add_middleware(AlwaysAllowOrigin, origins=origins)
-    app.add_middleware(CORSMiddleware, **cors_options(origins, methods, headers, credentials))
+class OptionsMiddleware:
+    """An OPTIONS request that is not a CORS pre-flight (no Origin, or no Access-Control-Request-Method): 200 with an
+    empty body and llama-server's Access-Control-Allow-Credentials/-Methods/-Headers, on any path, without a key."""
 
-
-def header_case(name: bytes) -> bytes:
-    """b"access-control-allow-origin" -> b"Access-Control-Allow-Origin" (what is already upper stays)."""
-    return b"-".join(p[:1].upper() + p[1:] for p in name.split(b"-"))
-
-
-class HeaderCaseMiddleware:
-    """Response header names as llama-server writes them ("Access-Control-Allow-Origin", "Content-Type"):
-    Starlette lowercases them. Case does not matter in HTTP, but a client that compares names exactly (as
-    llama-server's own test suite does, through dict(response.headers)) finds llama-server's names. uvicorn's
-    h11 protocol keeps the case it is given; its httptools protocol, when installed, lowercases every name."""
-
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, methods: str, headers: str, credentials: bool) -> None:
         self.app = app
+        self.headers = [
+            (b"access-control-allow-credentials", b"true" if credentials else b"false"),
+            (b"access-control-allow-methods", methods.encode()),
+            (b"access-control-allow-headers", headers.encode()),
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] != "OPTIONS":
             await self.app(scope, receive, send)
             return
+        names = {k for k, _ in scope["headers"]}
+        if b"origin" in names and b"access-control-request-method" in names:
+            await self.app(scope, receive, send)
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/html"), (b"content-length", b"0"), *self.headers],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
 
-        async def cased(msg: dict) -> None:
-            if msg["type"] == "http.response.start":
-                msg = dict(msg)
-                msg["headers"] = [(header_case(k), v) for k, v in msg.get("headers", [])]
-            await send(msg)
 
-        await self.app(scope, receive, cased)
+def add_cors(app, origins: str, methods: str, headers: str, credentials: bool) -> None:  # noqa: ANN001
+    """CORS as llama-server: plain OPTIONS answered, pre-flights by Starlette, Allow-Origin on every answer."""
+    app.add_middleware(OptionsMiddleware, methods=methods, headers=headers, credentials=credentials)
+    app.add_middleware(AlwaysAllowOrigin, origins=origins)
+    app.add_middleware(CORSMiddleware, **cors_options(origins, methods, headers, credentials))
 
 
 class BodyLimitMiddleware:
@@ -162,7 +143,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http" or self.limit <= 0:
             await self.app(scope, receive, send)
             return
-        length = dict(scope["headers"]).get(b"content-length")
+        length = first_header(scope["headers"], b"content-length")
         too_big = error_body(413, f"request body over --max-body-size ({self.limit} bytes)", "invalid_request_error")
         if length is not None and length.isdigit() and int(length) > self.limit:
             await send_json(send, 413, too_big)

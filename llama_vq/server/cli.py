@@ -3,14 +3,14 @@
 Order of events: the command line is parsed (ours, then llama-server's by llama.cpp's own parser); the sockets
 are bound (so a port in use fails at once, and /health answers 503 while loading); the model loads on a worker
 thread; the task loop starts on its own thread; slots saved in --state-dir are restored; then the server is
-ready. On SIGTERM or SIGINT: no new connections, running requests get --drain-timeout seconds to finish (then
-they are cancelled), slots are saved to --state-dir in what is left of llama-swap's 5 s, the engine stops.
+ready. On SIGTERM or SIGINT: no new connections, running requests get --drain-timeout seconds to finish; then each
+answer still open ends cleanly (a 503, or a final SSE error event in its API's shape and the end of its body) and
+its task is cancelled; slots are saved to --state-dir in what is left of llama-swap's 5 s, the engine stops.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures as cf
 import ipaddress
 import logging
 import os
@@ -24,12 +24,15 @@ import uvicorn
 from .app import create_app
 from .engine import Engine, EngineError
 from .metrics import Metrics
+from .middleware import Readiness
 from .options import OptionError, help_text, split_argv
 from .settings import Settings
 from .state_dir import StateDir, identity
+from .workers import Workers
 
-log = logging.getLogger("llama_vq.server")
+log = logging.getLogger(__name__)
 SIGTERM_BUDGET = 5.0  # llama-swap's stop timeout, seconds
+CLOSE_GRACE = 1.0  # seconds uvicorn waits, after the drain, for the answers the bridge has ended to be sent
 
 
 def _bind(host: str, port: int, v6only: bool = False) -> socket.socket:
@@ -64,23 +67,24 @@ def _is_loopback(host: str) -> bool:
 
 async def serve(engine: Engine, settings: Settings, state: StateDir | None, socks: list[socket.socket]) -> int:
     metrics = Metrics()
-    workers = max(64, 8 * settings.n_parallel)
-    executor = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llama-vq-http")
-    ready = asyncio.Event()
-    app = create_app(settings, engine, metrics, executor, ready)
+    workers = Workers()
+    readiness = Readiness(engine)
+    app = create_app(settings, engine, metrics, workers, readiness)
+    bridge = app.state.bridge
     config = uvicorn.Config(
         app,
         log_level="warning",
-        timeout_graceful_shutdown=max(settings.drain_timeout, 0.1),
+        # a backstop only: at the end of the drain the bridge ends every answer itself (bridge.close)
+        timeout_graceful_shutdown=settings.drain_timeout + CLOSE_GRACE,
         timeout_keep_alive=30,
         access_log=False,
         lifespan="off",
     )
     server = uvicorn.Server(config)
+    loop = asyncio.get_running_loop()
     stop_at: list[float] = []
 
     async def load() -> None:
-        loop = asyncio.get_running_loop()
         try:
             engine.set_swa_cache_types(settings.cache_type_k_swa, settings.cache_type_v_swa)
             await asyncio.wrap_future(engine.start())
@@ -89,18 +93,21 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
             server.should_exit = True
             return
         if state is not None:
-            n = await loop.run_in_executor(executor, state.restore, engine)
+            n = await loop.run_in_executor(workers.generation, state.restore, engine)
             if n:
                 log.info("state dir: %d tokens of earlier prompts restored", n)
-        ready.set()
-        metrics.engine_ready.set(1)
+        readiness.set()
         log.info("model loaded; serving on %s", _where(settings))
 
     loader = asyncio.ensure_future(load())
+
     def handle_exit(sig, frame) -> None:  # noqa: ANN001
         # uvicorn's own handler also records the signal and raises it again once it has stopped, which would kill
         # the process before the state dir is saved; a second SIGINT forces the exit, as with uvicorn
-        stop_at.append(time.monotonic())
+        if not stop_at:
+            stop_at.append(time.monotonic())
+            # running requests get --drain-timeout seconds; then the bridge ends what is left, cleanly
+            loop.call_soon_threadsafe(loop.call_later, settings.drain_timeout, bridge.close)
         if server.should_exit and sig == signal.SIGINT:
             server.force_exit = True
         server.should_exit = True
@@ -109,18 +116,18 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
     await server.serve(sockets=socks)
     t_stop = stop_at[0] if stop_at else time.monotonic()
 
-    if not ready.is_set():
+    if not readiness.loaded:
         loader.cancel()
         failed = engine.state().get("state") == "failed"
         log.info("stopped before the model was ready")
-        executor.shutdown(wait=False, cancel_futures=True)
+        workers.shutdown()
         return 1 if failed else 0
     if state is not None:
         deadline = t_stop + SIGTERM_BUDGET - 0.75
-        saved = await asyncio.get_running_loop().run_in_executor(executor, state.save, engine, deadline)
+        saved = await loop.run_in_executor(workers.generation, state.save, engine, deadline)
         log.info("state dir: %d slots saved", saved)
-    await asyncio.get_running_loop().run_in_executor(executor, engine.terminate, 2.0)
-    executor.shutdown(wait=False, cancel_futures=True)
+    await loop.run_in_executor(workers.generation, engine.terminate, 2.0)
+    workers.shutdown()
     log.info("stopped in %.2f s", time.monotonic() - t_stop)
     return 0
 

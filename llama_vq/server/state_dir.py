@@ -24,7 +24,7 @@ from typing import Any
 
 from .engine import Engine, Route
 
-log = logging.getLogger("llama_vq.server")
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 _SLOT_ROUTE = Route("POST", "/slots/:id_slot")
