@@ -18,7 +18,8 @@ send --requests completions of --max-tokens tokens to one server while the other
 and server in turn (the servers' order reversed every other round). Per row: aggregate generated tok/s
 (completion tokens of all requests / wall time), TTFT p50/p99 (request sent -> first streamed text), the
 server's RSS, and its compute threads (the -t threads that used the most CPU in the round, from
-/proc/PID/task/*): voluntary context switches per generated token each, and the share of the wall time they ran.
+/proc/PID/task/*): voluntary context switches per generated token each, and the share of the wall time they ran;
+and the CPU seconds of the machine's other processes meanwhile (a disturbed row shows).
 Then the ratio llama-vq-server / llama-server per client count, as the median of the rounds' paired ratios.
 
 agent: a 20-turn agent conversation replayed against a sliding-window model (the MiMo-shaped synthetic
@@ -53,7 +54,13 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_build import cmd_build  # noqa: E402  (the build subcommand lives beside this file)
-from serve_process import Server, compute_threads, ours_cmd, process_cpu_s  # noqa: E402  (the server processes)
+from serve_process import (  # noqa: E402  (the server processes)
+    Server,
+    compute_threads,
+    machine_busy_s,
+    ours_cmd,
+    process_cpu_s,
+)
 from serve_report import markdown, summary  # noqa: E402  (the tables)
 
 
@@ -213,13 +220,18 @@ def measure_round(servers: dict[str, Server], kind: str, n: int, rnd: int, args:
     srv = servers[kind]
     ON_STALL = srv.snapshot if kind == "ours" else (lambda: None)
     spies = start_spies(srv, args, n) if kind == "ours" and rnd == 0 else []
-    idle = {k: process_cpu_s(s.proc.pid) for k, s in servers.items() if k != kind}
+    cpu0 = {k: process_cpu_s(s.proc.pid) for k, s in servers.items()}
+    machine0, own0 = machine_busy_s(), time.process_time()
     before = srv.threads()
     res = run_clients(srv.url, n, args.requests, args.max_tokens, args.context_words)
     after = srv.threads()
+    cpu = {k: process_cpu_s(servers[k].proc.pid) - v for k, v in cpu0.items()}
     row = {"server": kind, "label": label, "round": rnd, **res}
     row.update(compute_threads(before, after, args.threads, res["wall_s"], res["tokens"]))
-    row["idle_servers_cpu_s"] = sum(process_cpu_s(servers[k].proc.pid) - v for k, v in idle.items())
+    row["idle_servers_cpu_s"] = sum(v for k, v in cpu.items() if k != kind)
+    # what else ran on the machine meanwhile (another process's build): CPU seconds of neither the servers nor
+    # this process (the clients), a row to distrust when it is a fair share of threads x wall
+    row["others_cpu_s"] = machine_busy_s() - machine0 - sum(cpu.values()) - (time.process_time() - own0)
     row.update({f"{k}_mib": v for k, v in srv.memory_mib().items()})
     for sp in spies:
         sp.wait()
@@ -228,7 +240,8 @@ def measure_round(servers: dict[str, Server], kind: str, n: int, rnd: int, args:
         f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms, "
         f"RSS {row.get('vmrss_mib', 0):.0f} MiB (peak {row.get('vmhwm_mib', 0):.0f}), "
         f"{args.threads} compute threads {row['busy'] * 100:.0f} % busy, "
-        f"{row['vcsw_per_token']:.2f} voluntary switches per token each"
+        f"{row['vcsw_per_token']:.2f} voluntary switches per token each; "
+        f"other processes {row['others_cpu_s']:.1f} CPU s"
         + (f", {row['failed']} FAILED: {row['errors']}" if row["failed"] else ""),
         flush=True,
     )
@@ -251,7 +264,11 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
         for kind in kinds:
             cmd = server_cmd(kind, args, max(counts), shlex.split(args.extra))
             servers[kind] = Server(kind, cmd, args.out / f"{kind}.log")
-            one_stream(servers[kind].url, PROMPTS[0], 4)  # warm-up
+        for kind, srv in servers.items():
+            # warm-up, not recorded: one request per client at the largest count, so that the first round does not
+            # pay for the first graphs and for faulting in the weights (experts a short prompt never routes to)
+            w = run_clients(srv.url, max(counts), 1, args.max_tokens, args.context_words)
+            print(f"[throughput] warm-up {kind}: {w['tok_s']:.1f} tok/s", flush=True)
         for rnd in range(args.rounds):
             for n in counts:
                 for kind in kinds if rnd % 2 == 0 else kinds[::-1]:

@@ -161,3 +161,9 @@ def process_cpu_s(pid: int) -> float:
     """The process's CPU time so far (all threads, utime + stime), seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy so far (every CPU: user, nice, system, irq, softirq, steal)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return (f[0] + f[1] + f[2] + f[5] + f[6] + f[7]) / CLK_TCK

@@ -18,15 +18,15 @@ def markdown(res: dict[str, Any]) -> str:
     if res.get("rows"):
         lines += [
             "| server | round | clients | tok/s | TTFT p50 ms | TTFT p99 ms | requests | failed | RSS MiB (peak) | "
-            "switches / token / compute thread | compute threads busy | idle server CPU s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "switches / token / compute thread | compute threads busy | idle server CPU s | other processes CPU s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {r['server']} | {r.get('round', 0)} | {r['clients']} | {r['tok_s']:.1f} | "
             f"{r['ttft_p50_s'] * 1e3:.0f} | {r['ttft_p99_s'] * 1e3:.0f} | {r['requests']} | {r.get('failed', 0)} | "
             f"{r.get('vmrss_mib', float('nan')):.0f} ({r.get('vmhwm_mib', float('nan')):.0f}) | "
             f"{_f(r.get('vcsw_per_token'), '.2f')} | {_f(r.get('busy'), '.0%')} | "
-            f"{_f(r.get('idle_servers_cpu_s'), '.2f')} |"
+            f"{_f(r.get('idle_servers_cpu_s'), '.2f')} | {_f(r.get('others_cpu_s'), '.1f')} |"
             for r in res["rows"]
         ]
         lines += side_by_side(res["rows"])

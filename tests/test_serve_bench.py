@@ -66,7 +66,7 @@ def test_throughput_runs_both_servers_in_rounds_and_summary_reads_it(smollm2_pat
         assert 0 < x["vmrss_mib"] <= x["vmhwm_mib"]
         # the compute thread (-t 1) ran for part of the round and its switches were counted
         assert 0 < x["busy"] <= 1.05 and math.isfinite(x["vcsw_per_token"]) and x["vcsw_per_token"] >= 0
-        assert x["idle_servers_cpu_s"] >= 0
+        assert x["idle_servers_cpu_s"] >= 0 and math.isfinite(x["others_cpu_s"])
 
     md = (out / "throughput.md").read_text()
     table = [ln for ln in md.splitlines() if ln.startswith("| ") and "**" in ln]
