@@ -20,7 +20,8 @@ and server in turn (the servers' order reversed every other round). Per row: agg
 server's RSS, and its compute threads (the -t threads that used the most CPU in the round, from
 /proc/PID/task/*): voluntary context switches per generated token each, and the share of the wall time they ran;
 and the CPU seconds of the machine's other processes meanwhile (a disturbed row shows).
-Then the ratio llama-vq-server / llama-server per client count, as the median of the rounds' paired ratios.
+Then the ratio llama-vq-server / llama-server per client count, as the median of the rounds' paired ratios (a
+round in which other processes used more than 3 % of the machine is left out, and counted).
 
 agent: a 20-turn agent conversation replayed against a sliding-window model (the MiMo-shaped synthetic
 model: tools/synth_models.py mimo OUT --preset tiny here, attn on a GPU): a long system prompt, then per

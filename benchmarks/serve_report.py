@@ -29,7 +29,7 @@ def markdown(res: dict[str, Any]) -> str:
             f"{_f(r.get('idle_servers_cpu_s'), '.2f')} | {_f(r.get('others_cpu_s'), '.1f')} |"
             for r in res["rows"]
         ]
-        lines += side_by_side(res["rows"])
+        lines += side_by_side(res["rows"], res.get("cpus") or 0)
     if res.get("latency"):
         lines += ["", "| round | server | /health p50 ms | TTFT p50 ms |", "|---|---|---|---|"]
         lines += [f"| {r['round']} | {r['server']} | {r['health_p50_ms']:.2f} | {r['ttft_p50_ms']:.1f} |"
@@ -49,23 +49,37 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def side_by_side(rows: list[dict[str, Any]]) -> list[str]:
+# a row during which the machine's other processes used more than this share of all its CPUs is disturbed (another
+# build on a shared machine): its round's pair is left out of the ratio table
+DISTURBED = 0.03
+
+
+def disturbed(r: dict[str, Any], n_cpus: int) -> bool:
+    return r.get("others_cpu_s", 0.0) > DISTURBED * n_cpus * r["wall_s"]
+
+
+def side_by_side(rows: list[dict[str, Any]], n_cpus: int = 0) -> list[str]:
     """llama-vq-server against llama-server at each client count: the medians over rounds of each one's tok/s, the
     per-round ratios (the two rows of a round ran back to back) and their median, TTFT p50 difference, and each
     one's compute threads (voluntary switches per generated token each, busy share). Rows of a failed request are
-    left out."""
+    left out, and with n_cpus the rounds where either row was disturbed (other processes over DISTURBED of the
+    machine), counted in the table."""
     by = {(r["server"], r["clients"], r.get("round", 0)): r for r in rows if not r.get("failed")}
     counts = sorted({n for s, n, _ in by if s == "ours"})
     out = []
     for n in counts:
-        rounds = sorted(k for s, m, k in by if s == "ours" and m == n and ("llama-server", n, k) in by)
+        paired = sorted(k for s, m, k in by if s == "ours" and m == n and ("llama-server", n, k) in by)
+        rounds = [k for k in paired if not n_cpus
+                  or not any(disturbed(by[s, n, k], n_cpus) for s in ("ours", "llama-server"))]
         if not rounds:
+            out.append(f"| {n} | 0 ({len(paired)} disturbed left out) | | | | | | | |")
             continue
         ours = [by["ours", n, k] for k in rounds]
         theirs = [by["llama-server", n, k] for k in rounds]
         ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(ours, theirs, strict=True)]
+        left_out = f" ({len(paired) - len(rounds)} disturbed left out)" if len(paired) > len(rounds) else ""
         out.append(
-            f"| {n} | {len(rounds)} | {_median([r['tok_s'] for r in ours]):.1f} | "
+            f"| {n} | {len(rounds)}{left_out} | {_median([r['tok_s'] for r in ours]):.1f} | "
             f"{_median([r['tok_s'] for r in theirs]):.1f} | {', '.join(f'{x:.3f}' for x in ratios)} | "
             f"**{_median(ratios):.3f}** | "
             f"{_median([(a['ttft_p50_s'] - b['ttft_p50_s']) * 1e3 for a, b in zip(ours, theirs, strict=True)]):+.1f} | "
