@@ -19,14 +19,14 @@
 # existing GGUF instead of the generated one), MODEL_DIR (/tmp/models), PRESET (cpu-moe), N_LAYER (the preset's),
 # TOKENIZER (a GGUF to copy the tokenizer from; default SmolLM2's), NGL (999; empty: no -ngl), THREADS (all: every
 # core this process may use), CLIENTS (1,4,8), ROUNDS (3), REQUESTS (2 per client), MAX_TOKENS (64), CTX (4096),
-# CTK (q8_0), CTV (q4_1), EXTRA (more flags for both servers), REQUEST_TIMEOUT (s, 300).
+# CTK (q8_0), CTV (q4_1), EXTRA (more flags for both servers), REQUEST_TIMEOUT (s, 300), GEN_ONLY=1 (generate the
+# model and stop: a call of its own where a call's time is short; the next call finds it in MODEL_DIR).
 # Writes OUT/cpu_experts.txt (machine, command, the rows as they run, the tables), OUT/throughput.json and .md, and
 # the tails of both servers' logs. Takes (GPU machine, 16 cores) ~2 min to generate the model the first time, ~1
 # min to load both servers, ~4 min for 3 rounds of 1/4/8 clients.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 : "${OUT:?set OUT to the results folder}"
-LLAMA_SERVER=${LLAMA_SERVER:-${BIN:?set BIN to the folder of llama-server (or LLAMA_SERVER to its path)}/llama-server}
 PY=${PY:-python3}
 BENCH_PY=${BENCH_PY:-$PY}
 MODEL_DIR=${MODEL_DIR:-/tmp/models}
@@ -37,7 +37,6 @@ txt=$OUT/cpu_experts.txt
 : > "$txt"
 say() { echo "[cpu_experts $SECONDS s] $*" | tee -a "$txt"; }
 
-[ -x "$LLAMA_SERVER" ] || { say "no llama-server at $LLAMA_SERVER"; exit 1; }
 model=${MODEL:-$MODEL_DIR/synth-$PRESET${N_LAYER:+-$N_LAYER}.gguf}
 if [ ! -f "$model" ]; then
     say "generating $model (tools/synth_models.py mimo --preset $PRESET${N_LAYER:+ --n-layer $N_LAYER})"
@@ -46,6 +45,9 @@ if [ ! -f "$model" ]; then
     mv "$model.tmp" "$model"
 fi
 say "model $model: $(du -h "$model" | cut -f1)"
+[ -z "${GEN_ONLY:-}" ] || exit 0
+LLAMA_SERVER=${LLAMA_SERVER:-${BIN:?set BIN to the folder of llama-server (or LLAMA_SERVER to its path)}/llama-server}
+[ -x "$LLAMA_SERVER" ] || { say "no llama-server at $LLAMA_SERVER"; exit 1; }
 
 {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"

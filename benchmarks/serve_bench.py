@@ -62,7 +62,7 @@ from serve_process import (  # noqa: E402  (the server processes)
     ours_cmd,
     process_cpu_s,
 )
-from serve_report import markdown, summary  # noqa: E402  (the tables)
+from serve_report import DISTURBED, markdown, summary  # noqa: E402  (the tables)
 
 
 def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list[str]) -> list[str]:
@@ -249,6 +249,22 @@ def measure_round(servers: dict[str, Server], kind: str, n: int, rnd: int, args:
     return row
 
 
+def wait_quiet(servers: dict[str, Server], limit_s: float) -> float:
+    """On a shared machine: until the other processes (neither the servers nor this one) used at most DISTURBED of
+    the machine's CPUs over 3 s, for at most limit_s seconds; the seconds waited."""
+    t0 = time.monotonic()
+    n_cpus = os.cpu_count() or 1
+    while True:
+        m0, own0 = machine_busy_s(), time.process_time()
+        cpu0 = sum(process_cpu_s(s.proc.pid) for s in servers.values())
+        time.sleep(3)  # the sampling window
+        cpu = sum(process_cpu_s(s.proc.pid) for s in servers.values()) - cpu0
+        others = machine_busy_s() - m0 - cpu - (time.process_time() - own0)
+        waited = time.monotonic() - t0
+        if others <= DISTURBED * n_cpus * 3 or waited >= limit_s:
+            return waited
+
+
 def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Every server up at once (the same flags), then --rounds rounds: in each, every client count against each
     server in turn, the order of the servers reversed every other round, so that a drift of the machine (another
@@ -272,9 +288,15 @@ def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
             print(f"[throughput] warm-up {kind}: {w['tok_s']:.1f} tok/s", flush=True)
         for rnd in range(args.rounds):
             for n in counts:
+                if args.wait_quiet > 0:
+                    waited = wait_quiet(servers, args.wait_quiet)
+                    if waited > 3.5:
+                        print(f"[throughput] waited {waited:.0f} s for the other processes to quieten", flush=True)
                 for kind in kinds if rnd % 2 == 0 else kinds[::-1]:
                     label = args.label if args.label and len(kinds) == 1 else kind
                     out["rows"].append(measure_round(servers, kind, n, rnd, args, label))
+                    # the rows so far, should the run be cut short
+                    (args.out / "throughput.partial.json").write_text(json.dumps(out, indent=1))
     finally:
         for kind, srv in servers.items():
             srv.stop(dump=any(r.get("failed") for r in out["rows"] if r["server"] == kind))
@@ -451,6 +473,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--only-llama-server", action="store_true", help="llama-server alone (needs --llama-server)")
     t.add_argument("--label", default="", help="the rows' name in `summary` (default: the server)")
     t.add_argument("--rounds", type=int, default=1, help="rounds of every client count on every server (medians)")
+    t.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                   help="a shared machine: before each client count of a round, wait up to S s for the other "
+                   "processes to use at most 3 %% of the CPUs (the rows still record what they used)")
     m = sub.add_parser("summary", help="medians over several throughput runs (serve_device.sh MATRIX)")
     m.add_argument("files", nargs="+", type=Path, help="throughput.json files (one per run) or matrix.json files")
     m.add_argument("--ratio-clients", type=int, default=4)
