@@ -3,6 +3,7 @@
 // ggml_compute_forward_mul_mat calls it after src1 is packed to q8_0, ggml-cpu's CMakeLists.txt lists this file.
 
 #include "llama-vq-kq-short.h"
+#include "llama-vq-op-log.h"
 
 #include "ggml-cpu.h"
 #include "ggml-cpu-impl.h"
@@ -114,6 +115,10 @@ bool llama_vq_mul_mat_kq_short(const struct ggml_compute_params * params, struct
     const int ith = params->ith;
     const int nth = params->nth;
     const bool q4 = src0->type == GGML_TYPE_Q4_0;
+    if (ith == 0) {
+        static int logged = 0;
+        llama_vq_cpu_op_log_first(&logged, "kq_short", src0->type);
+    }
     const size_t row_size = ggml_row_size(GGML_TYPE_Q8_0, ne10);
     const char * wdata = params->wdata;  // src1 as q8_0 rows, packed by the caller before its barrier
 
