@@ -14,6 +14,9 @@
 #                      fidelity of the modes on the GPU (SmolLM2, MiMo-tiny)
 #   PHASE=attn2  ...   the attention modes on the MiMo shape at 0/64K and its compute buffers at 128K (ub 512,
 #                      2048); the same with the HIP path's settings (PROXY, as benchmarks/mi210.sh PROXY=cuda)
+#   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
+#                      MoE with its experts in CPU memory, -t = every core, llama-vq-server against llama-server)
+#   PHASE=split  ...   two GPUs: MiMo's layer split against one GPU (benchmarks/two_gpu.py; both GPUs visible)
 # Env: CARRY (.bench-carry), PYPACK (.bench-py.tar.xz), BUILD (/tmp/gpu-build), M (/tmp/models), REPS (2).
 # Everything a phase prints goes to $OUT/<phase>.txt too; the attention tables to $OUT/attn-modes-*.md/.json.
 set -u
@@ -21,10 +24,12 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1 or attn2}"
+: "${PHASE:?set PHASE to build, attn1, attn2, serve or split}"
 C=$CARRY
+[ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
 B=${BUILD:-/tmp/gpu-build}
+[ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
 bin=$B/bin
 device_log "$PHASE" "$OUT/$PHASE.txt"
 
@@ -45,6 +50,7 @@ build)
     gen mimo mimo --preset attn
     gen mimo-tiny mimo --preset tiny
     gen llama-tiny llama --preset tiny
+    gen cpu-moe mimo --preset cpu-moe
     if ! built; then
         use_python
         setsid bash -c "
@@ -96,7 +102,22 @@ attn2)
         --env LLAMA_VQ_CUDA_FUSED_ATTN=1 --env LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 --env LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
         --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
     ;;
+serve)
+    built || { log "not built"; exit 1; }
+    wait_model cpu-moe
+    use_python
+    OUT=$OUT/serve BIN=$bin PY=$PY BENCH_PY=python3 MODEL="$M/synth-cpu-moe.gguf" CLIENTS=${CLIENTS:-1,4,8} \
+        ROUNDS=${ROUNDS:-3} bash "$here/benchmarks/cpu_experts.sh" 2>&1 | tail -40 | tee -a "$OUT/$PHASE.txt"
+    ;;
+split)
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    use_python
+    nvidia-smi -L
+    BIN=$bin MODEL="$M/synth-mimo.gguf" PY=$PY DEADLINE=${DEADLINE:-250} python3 "$here/benchmarks/two_gpu.py" 2>&1 \
+        | tail -60 | tee -a "$OUT/$PHASE.txt"
+    ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, serve, split)" >&2; exit 2 ;;
 esac
 log "done"
