@@ -28,11 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probes", type=int, default=24)
     a = ap.parse_args(argv)
 
-    import llama_cpp
+    import llama_vq  # first: binds llama_cpp to llama-vq's libraries
+
+    import llama_cpp  # noqa: I001
     import numpy as np
     from v_cache_support import compare, eval_logits, long_text, make
-
-    import llama_vq
 
     models = {}
     try:

@@ -106,6 +106,13 @@ static inline ggml_tensor * llama_vq_attn_split(
     const int64_t r   = n_head / n_head_kv; // query heads per KV head: head h reads KV head h / r
     const int64_t d_v = v_trans ? v->ne[1] : v->ne[0];
 
+    // The mask is a graph input, kept in host memory. A backend on another device gets its own copy of each input
+    // tensor its ops read, alive for the whole graph split: the chunks' views of the mask would each be copied and
+    // all be held at once (the whole mask again per layer). One copy of the mask made on the layer's device, which
+    // the chunks then view, costs the mask's bytes once per layer, freed with the layer.
+    mask = ggml_cont(ctx, mask);
+    llama_vq_attn_name(mask, "kq_mask_split", p.il, 0, 0);
+
     ggml_tensor * out = nullptr; // [d_v, n_head, n_tokens, n_stream]
 
     for (int64_t s = 0; s < n_stream; ++s) {
