@@ -154,8 +154,9 @@ class Llama(llama_cpp.Llama):
                                names=("type_k_swa", "type_v_swa"))
             if not _native.has_swa_cache_types():
                 raise CacheConfigError(
-                    "type_k_swa/type_v_swa need llama-vq's per-layer cache types patch (0019), which this "
-                    "build does not carry. Fix: leave them unset, or install a build with the patch."
+                    "type_k_swa/type_v_swa need llama-vq's per-layer cache types (patch "
+                    "0010-llama-swa-layer-cache-types), which this build does not carry. Fix: leave them unset, or "
+                    "install a current llama-vq build."
                 )
 
         if rpc_servers:

@@ -1,7 +1,8 @@
 """The attention graph llama.cpp really computes with a quantized cache and flash attention off.
 
 Read node by node through the scheduler's eval callback: V*softmax(KQ) is one OUT_PROD on the quantized V cache
-(0013), and the Hadamard rotations of a quantized cache sit next to their consumers (0016).
+(patch 0007-quantized-v-cache-without-flash-attn), and the Hadamard rotations of a quantized cache sit next to their
+consumers (patch 0008-graph-attn-rotations-next-to-their-consumers).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ def ggml(llama_vq) -> GGML:
     return GGML(LIB_DIR)
 
 
-# With a quantized cache, llama.cpp rotates q/k/v by a Hadamard matrix (attn_rot_k/v). Patch 0016
-# builds each rotation right next to its consumer, which is what lets a backend fuse them (0017, CUDA): the K and V
+# With a quantized cache, llama.cpp rotates q/k/v by a Hadamard matrix (attn_rot_k/v). Patch
+# 0008-graph-attn-rotations-next-to-their-consumers builds each rotation right next to its consumer, which is what
+# lets a backend fuse them (0009-cuda-fuse-attn-rotations): the K and V
 # rotations just before their cache stores, the queries' just before K*Q, the output's just after the CONT that
 # un-permutes it. This reads the graph llama.cpp really computes (the scheduler's eval callback, node by node).
 
@@ -125,7 +127,7 @@ def test_attention_rotations_sit_next_to_their_consumers(llama_vq, ggml, request
 @pytest.mark.parametrize("model,type_k,type_v", [("smollm2", "f16", "q4_0"), ("smollm2", "q8_0", "q8_0"),
                                                  ("mimo", "q4_0", "q4_0")])
 def test_quantized_v_without_flash_attn_is_one_out_prod_on_the_cache(llama_vq, ggml, request, model, type_k, type_v):
-    """The graph that ships (0013): per layer, kq*v is one OUT_PROD whose src0 is a view of the quantized V cache
+    """Per layer, kq*v is one OUT_PROD whose src0 is a view of the quantized V cache
     (the op tests/test_out_prod_reference.py checks against float64); nothing copies or dequantizes V any more."""
     path = request.getfixturevalue("smollm2_path" if model == "smollm2" else "mimo_path")
     nodes = _graph_nodes(llama_vq, ggml, path, type_k, type_v)

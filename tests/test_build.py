@@ -26,7 +26,7 @@ def test_build_info_reports_backend_targets_commit_and_applied_patches(build):
     assert build.llama_cpp_commit == pin.llama_cpp_commit
     assert build.llama_cpp_python == pin.llama_cpp_python == "0.3.36"
     assert build.patches == _pin.read_series()
-    assert build.patches, "the series is never empty: 0001 tags the build"
+    assert build.patches, "the series is never empty: 0001-bindings-introspection-build-tag-and-kv-cache-size tags the build"
     if build.backend == "cpu":
         assert build.gpu_targets == []
     else:
@@ -36,7 +36,7 @@ def test_build_info_reports_backend_targets_commit_and_applied_patches(build):
 
 
 def test_loaded_library_is_the_patched_llama_vq_build(build):
-    # patch 0001 tags llama_print_system_info(); a stock libllama would not say this
+    # patch 0001-bindings-introspection-build-tag-and-kv-cache-size tags llama_print_system_info(); a stock libllama would not say this
     assert build.system_info.startswith(f"LLAMA_VQ : BUILD = {build.version} |"), build.system_info
 
 

@@ -1,5 +1,5 @@
-"""Patch 0022: the CPU's K*Q for decode-sized batches with a quantized K (each K row unpacked once and dotted
-with every query column of its GQA group) gives bit-identical logits to upstream's per-row vec_dot path.
+"""The CPU's K*Q for decode-sized batches with a quantized K (patch 0012-cpu-kq-quantized-k-gqa-shared-rows: each
+K row unpacked once and dotted with every query column of its GQA group) gives bit-identical logits to upstream's per-row vec_dot path.
 
 Each case decodes the same tokens in two processes, one with the kernel (default) and one with
 LLAMA_VQ_CPU_KQ_SHORT=0, and compares the logits of every step byte for byte: q4_0 and q8_0 K, 1 and 3

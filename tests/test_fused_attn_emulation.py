@@ -1,10 +1,10 @@
-"""The split/combine algorithm of the fused CUDA decode attention (patch 0023, attn-decode-fused.cu) in numpy.
+"""The split/combine algorithm of the fused CUDA decode attention (attn-decode-fused.cu) in numpy.
 
 The kernel cannot run here (no GPU), so this emulates its arithmetic, step for step and with its index
 arithmetic, in float32: the host's split sizing (cells per split a multiple of the 64-cell tile, about 4
 blocks per SM), the query columns of a block (column col = token col % n_tokens of head h*gqa + col // n_tokens,
 tiles of 32 columns, chunks of CG padded with zero queries), the in-place Walsh-Hadamard transform of the
-queries (0017's form), per tile the scores with the mask row of the column's token/head/stream, the online
+queries (the FWHT_KQ form), per tile the scores with the mask row of the column's token/head/stream, the online
 softmax (running max, rescale factor, -inf cells and fully masked tiles/splits), V*P accumulated by phases of
 the cells and summed in a fixed order, then either the one-split normalization with the sink or the partial
 (m, l, o) per split and the combine kernel. It is compared with a float64 softmax(scale*K.Q + mask, sinks)*V

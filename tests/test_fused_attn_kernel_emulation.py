@@ -1,6 +1,6 @@
-"""Patch 0023's CUDA kernels (k_attn_decode, k_attn_decode_combine; 0032's staged tiles, 0034's int8 K*Q, 0036's two
-tile buffers and parallel combine, 0037's permuted and rotated output, 0038's host-planned staging, 0040's V*P on
-tensor cores) run on the CPU, verbatim.
+"""The fused decode attention's CUDA kernels (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine; staged
+tiles, int8 K*Q, two tile buffers and a parallel combine, the permuted and rotated output, host-planned staging, V*P
+on tensor cores) run on the CPU, verbatim.
 
 tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu and the part file it includes,
 attn-decode-vmma.cuh, and dequantize-x8.cuh: the files the build compiles, tests/kernel_sources.py), a CUDA surface
@@ -9,7 +9,7 @@ between two barriers of the warp's threads (so a shuffle that some lane of a war
 timeout catches it), shared memory a buffer of exactly the launch's size filled with NaN (AddressSanitizer catches any
 access past it, and any read of a slot nothing wrote reaches the output as NaN); without cp.async, the tiles are
 staged by the kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS (the code NVIDIA's
-cp.async pipeline runs), into two. 0040's two warp-wide matrix instructions (mma.sync m16n8k16 and ldmatrix .trans)
+cp.async pipeline runs), into two. The tensor-core V*P's two warp-wide matrix instructions (mma.sync m16n8k16 and ldmatrix .trans)
 are exchanges between two barriers of the warp's 32 threads too, each lane's fragments laid out as the PTX ISA gives
 them, and its f16 arithmetic rounds each result once (to nearest even). Each case (8B shape, MiMo's K 192 at GQA 8/16,
 d 32 to 256, 1-64 columns, 1 to 16 tiles per split, several splits, 2 streams, f16/f32 mask, sinks, rotated queries,
@@ -69,7 +69,7 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(harnesses):
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "all passed" in proc.stdout
-    # both V*P forms ran: the f32 one (every shape) and 0040's tensor-core one (d_v 128)
+    # both V*P forms ran: the f32 one (every shape) and the tensor-core one (d_v 128)
     assert proc.stdout.count(" vmma=0:") >= 20 and proc.stdout.count(" vmma=1:") >= 10, proc.stdout
 
 

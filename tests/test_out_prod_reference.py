@@ -187,7 +187,7 @@ CASES = [
     ("q5_1", 64, 40, 2, 2, 3, 2, 2),
     ("iq4_nl", 128, 45, 2, 1, 2, 1, 2),  # no GQA
     ("q4_0", 256, 5, 2, 2, 64, 1, 1),  # fewer rows than one tile, one thread
-    # decode: <= 4 dst columns per V matrix, q4_0 / q8_0 / iq4_nl go through the register kernel (0018)
+    # decode: <= 4 dst columns per V matrix, q4_0 / q8_0 / iq4_nl go through the register kernel
     ("q8_0", 64, 50, 3, 1, 1, 1, 2),  # one column per V matrix
     ("q4_0", 128, 77, 2, 4, 1, 2, 3),  # Llama-3 8B's GQA 4, 2 streams, 3 threads
     ("iq4_nl", 192, 30, 1, 3, 1, 1, 7),  # 6 block columns, more threads than work items

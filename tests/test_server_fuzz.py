@@ -5,7 +5,8 @@ truncated and invalid JSON, wrong types, out-of-range parameters).
 
 What must hold: the process never dies, every answer is HTTP (no dropped connection), and no answer is a 5xx other
 than a 501 for a feature that is off (embeddings, reranking, infill without FIM tokens, POST /props without
---props, audio without --mmproj), in llama-server's error shape: a client's mistake is a 4xx (patch 0020).
+--props, audio without --mmproj), in llama-server's error shape: a client's mistake is a 4xx (patch
+0020-server-client-errors-are-4xx).
 
 CPU cost: one server, ~600 requests whose generations are capped at 4 tokens (-n 4, and the generated lengths
 clamped); about two minutes on 2 cores.

@@ -1,4 +1,4 @@
-"""Server side of per-layer cache types (issue 12): llama-vq-server's --cache-type-k-swa / --cache-type-v-swa (and
+"""Server side of per-layer cache types: llama-vq-server's --cache-type-k-swa / --cache-type-v-swa (and
 their LLAMA_VQ_* variables) reach the engine, whose SWA sub-cache is then allocated with them (llama.cpp's own
 report in the log), on a MiMo-shaped synthetic model with flash attention off.
 

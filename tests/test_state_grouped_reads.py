@@ -1,8 +1,9 @@
-"""Patch 0021: a sequence's state is read in grouped copies, byte for byte what the per-range reads give.
+"""A sequence's state is read in grouped copies (patch 0011-llama-kv-state-grouped-device-reads), byte for byte
+what the per-range reads give.
 
 In a unified cache, sequences decoded in the same batches interleave their cells, so one sequence's state is
-many one-cell ranges. On a GPU each range was one device->host copy per layer and K/V (per V row when V is
-transposed); 0021 reads groups of ranges as one copy of their span. On the CPU the grouping runs only with
+many one-cell ranges. On a GPU upstream makes one device->host copy per range, layer and K/V (per V row when V is
+transposed); the patch reads groups of ranges as one copy of their span. On the CPU the grouping runs only with
 LLAMA_VQ_STATE_COALESCE=1, which these tests set in one process and compare with =0 (upstream's per-range
 reads) in another: row-major quantized V, transposed f16 V, and the iSWA cache of the MiMo-shaped model (full
 state and the SWA-only partial state the server's checkpoints use). Then the grouped state is loaded into

@@ -26,7 +26,7 @@ static __device__ __forceinline__ float dequantize_x8_byte_f32(const int x, cons
     return __int_as_float(w) - 8388608.0f;
 }
 
-// the same minus 8 (q4_0's offset) in one subtraction: 2^23 + b - (2^23 + 8) is exact in f32 (0038), so the float is the
+// the same minus 8 (q4_0's offset) in one subtraction: 2^23 + b - (2^23 + 8) is exact in f32, so the float is the
 // one dequantize_x8_byte_f32(x, l) - 8.0f gives
 static __device__ __forceinline__ float dequantize_x8_byte_f32_m8(const int x, const int l) {
     const int w = __byte_perm(x, 0x4B000000, 0x7540 | l);
