@@ -7,11 +7,11 @@ native build. Nothing is mocked.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
+from skip_support import CI_ENV, is_platform_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,9 +58,9 @@ def build(llama_vq):
 
 @pytest.fixture()
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from server_support import free_port
+
+    return free_port()
 
 
 def pytest_report_header(config):
@@ -72,3 +72,18 @@ def pytest_report_header(config):
                 f"patches={len(info.patches)} threads={os.cpu_count()}"]
     except Exception as e:  # the header must never hide the real failure
         return [f"llama-vq: not importable ({e})"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI (LLAMA_VQ_CI=1) a skip is a failure unless its reason is a platform limit (skip_support.py)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.skipped or hasattr(rep, "wasxfail") or os.environ.get(CI_ENV, "") in ("", "0"):
+        return
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if not is_platform_limit(reason):
+        rep.outcome = "failed"
+        rep.longrepr = (f"skipped in CI ({CI_ENV}=1) for a reason that is not a platform limit: {reason}\n"
+                        "Fix the machine (or the test) so that it runs; tests/skip_support.py says which skips CI accepts.")

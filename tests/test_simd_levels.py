@@ -1,13 +1,13 @@
 """The CPU kernels' float64 reference tests on the other x86 SIMD level too.
 
 The build compiles one SIMD level, the one /proc/cpuinfo reports (cmake/llama_vq_detect.cmake): CI machines of
-our class are AVX2-only or AVX-512. What the quantized OUT_PROD kernels compile, per level:
-* 0010 (tile path): the AVX2 nibble unpack of q4_0/q4_1/iq4_nl under __AVX2__ (both levels), and the tile update
+our class are AVX2-only or AVX-512. What the quantized OUT_PROD kernels (llama-vq-out-prod.cpp) compile, per level:
+* the tile path: the AVX2 nibble unpack of q4_0/q4_1/iq4_nl under __AVX2__ (both levels), and the tile update
   through ggml's GGML_F32 macros: 8 floats x 4 registers per step (GGML_F32_STEP 32) with AVX2, 16 x 4 (64)
   with AVX-512, the rest of a row scalar; without AVX2 (generic) loops the compiler vectorizes.
-* 0014 (prefill): llamafile_sgemm's F32 tinyBLAS, __m256 tiles needing n_kv % 8 == 0 with AVX2, __m512 tiles
+* prefill: llamafile_sgemm's F32 tinyBLAS, __m256 tiles needing n_kv % 8 == 0 with AVX2, __m512 tiles
   needing n_kv % 16 == 0 with AVX-512, so other cases fall back to the tile path at each level.
-* 0018 (decode registers): __AVX2__ && __FMA__ intrinsics at both levels (EVEX-encoded with AVX-512 flags).
+* decode, in registers: __AVX2__ && __FMA__ intrinsics at both levels (EVEX-encoded with AVX-512 flags).
 The suite's own run covers the build's level; this test builds only
 libggml-base + libggml-cpu at the other level (LLAMA_VQ_CPU_FEATURES, into build/simd-LEVEL, through ccache) and
 runs tests/test_out_prod_reference.py against it in a fresh interpreter, where no other libggml is loaded.
@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from skip_support import skip_platform_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 # /proc/cpuinfo flags each level needs (ggml's AVX512 option also turns on BW/VL/DQ/CD)
@@ -76,12 +77,12 @@ def _main_level(build) -> str:
 @pytest.mark.parametrize("level", list(LEVEL_FLAGS))
 def test_cpu_out_prod_reference_tests_pass_at_every_simd_level_this_cpu_runs(build, level):
     if not sys.platform.startswith("linux") or os.uname().machine not in ("x86_64", "AMD64"):
-        pytest.skip("x86-64 Linux only: the SIMD levels are x86's")
+        skip_platform_limit("x86-64 Linux only: the SIMD levels are x86's")
     if _main_level(build) == level:
-        pytest.skip(f"the suite's build is {level}: tests/test_out_prod_reference.py ran against it above")
+        skip_platform_limit(f"the suite's build is {level}: tests/test_out_prod_reference.py ran against it above")
     missing = [f for f in LEVEL_FLAGS[level] if f not in _cpu_flags()]
     if missing:
-        pytest.skip(f"this CPU cannot run {level} code (no {', '.join(missing)}); CI machines with it cover it")
+        skip_platform_limit(f"this CPU cannot run {level} code (no {', '.join(missing)}); CI machines with it cover it")
     if not shutil.which("cmake"):
         pytest.skip("cmake is not installed")
     lib_dir = _build_level(level)
