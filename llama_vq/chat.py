@@ -21,16 +21,12 @@ import ctypes
 import functools
 import json
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._binding import LIB_DIR
+from . import _cdll
 from .errors import LlamaVQError
-
-_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
-_ABI_VERSION = 1
 
 
 class ChatTemplateError(LlamaVQError, ValueError):
@@ -46,35 +42,27 @@ class ChatTemplateError(LlamaVQError, ValueError):
         self.param = param
 
 
+_vp, _cp, _sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+CHAT = _cdll.Library("llama-vq-chat", {
+    "llama_vq_chat_abi_version": ([], ctypes.c_int),
+    "llama_vq_chat_templates_init": ([_vp, _cp, ctypes.POINTER(_vp)], _vp),
+    "llama_vq_chat_templates_free": ([_vp], None),
+    "llama_vq_chat_templates_info": ([_vp], _vp),
+    "llama_vq_chat_apply": ([_vp, _cp], _vp),
+    "llama_vq_chat_parse": ([_cp, _cp, _sz, ctypes.c_int], _vp),
+    "llama_vq_chat_stream_new": ([_cp, ctypes.POINTER(_vp)], _vp),
+    "llama_vq_chat_stream_feed": ([_vp, _cp, _sz], _vp),
+    "llama_vq_chat_stream_finish": ([_vp], _vp),
+    "llama_vq_chat_stream_free": ([_vp], None),
+    "llama_vq_chat_builtin_templates": ([], _vp),
+    "llama_vq_chat_string_free": ([_vp], None),
+    "llama_vq_chat_set_log_verbosity": ([ctypes.c_int], None),
+}, abi_function="llama_vq_chat_abi_version", abi_version=1)
+
+
 @functools.cache
 def _lib() -> ctypes.CDLL:
-    path = LIB_DIR / f"libllama-vq-chat{_SUFFIX}"
-    if not path.exists():
-        raise LlamaVQError(f"llama_vq's chat library is missing ({path}): rebuild the package "
-                           "(`scripts/run.sh setup` in a checkout)")
-    lib = ctypes.CDLL(str(path))
-    vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
-    sigs = {
-        "llama_vq_chat_abi_version": ([], ctypes.c_int),
-        "llama_vq_chat_templates_init": ([vp, cp, ctypes.POINTER(vp)], vp),
-        "llama_vq_chat_templates_free": ([vp], None),
-        "llama_vq_chat_templates_info": ([vp], vp),
-        "llama_vq_chat_apply": ([vp, cp], vp),
-        "llama_vq_chat_parse": ([cp, cp, sz, ctypes.c_int], vp),
-        "llama_vq_chat_stream_new": ([cp, ctypes.POINTER(vp)], vp),
-        "llama_vq_chat_stream_feed": ([vp, cp, sz], vp),
-        "llama_vq_chat_stream_finish": ([vp], vp),
-        "llama_vq_chat_stream_free": ([vp], None),
-        "llama_vq_chat_builtin_templates": ([], vp),
-        "llama_vq_chat_string_free": ([vp], None),
-        "llama_vq_chat_set_log_verbosity": ([ctypes.c_int], None),
-    }
-    for name, (args, res) in sigs.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, res
-    if lib.llama_vq_chat_abi_version() != _ABI_VERSION:
-        raise LlamaVQError(f"{path} has chat ABI {lib.llama_vq_chat_abi_version()}, this module needs "
-                           f"{_ABI_VERSION}: rebuild the package")
+    lib = _cdll.load(CHAT)
     # common/'s warnings would print whole model outputs that fail to parse; StreamEnd.parse_error has it
     lib.llama_vq_chat_set_log_verbosity(int(os.environ.get("LLAMA_VQ_CHAT_LOG_VERBOSITY", "1")))
     return lib
@@ -84,10 +72,7 @@ def _take(ptr: int | None) -> Any:
     """Decode and free a JSON string the library returned; raise its error document."""
     if not ptr:
         raise MemoryError("llama_vq chat: the native call returned no result (out of memory)")
-    try:
-        doc = json.loads(ctypes.string_at(ptr).decode("utf-8"))
-    finally:
-        _lib().llama_vq_chat_string_free(ptr)
+    doc = _cdll.take_json(_lib(), "llama_vq_chat_string_free", ptr)
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
         err = doc["error"]
         raise ChatTemplateError(err.get("message") or "chat error", err.get("param"))
