@@ -18,36 +18,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import os
+import importlib.util
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _pin import STAMP_NAME, VENDOR, Pin, read_pin  # noqa: E402
+from _pin import ROOT, STAMP_NAME, VENDOR, Pin, read_pin  # noqa: E402
+
+
+def _load_fetch():
+    """llama_vq/_fetch.py, the package's fetch-and-verify cache, by path: the package is not built (or importable)
+    yet when this runs, and that module imports nothing of it."""
+    spec = importlib.util.spec_from_file_location("llama_vq_fetch", ROOT / "llama_vq" / "_fetch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_fetch = _load_fetch()
+_sha256 = _fetch.sha256
 
 
 class VendorError(RuntimeError):
     pass
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("LLAMA_VQ_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-vq"
-    )
-    return Path(base) / "sdist"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def is_current(pin: Pin, vendor: Path = VENDOR) -> bool:
@@ -57,37 +53,23 @@ def is_current(pin: Pin, vendor: Path = VENDOR) -> bool:
 
 def sdist_path(pin: Pin) -> Path:
     """Return the pinned sdist, downloading it with pip into the cache when missing."""
-    cache = _cache_dir()
+    cache = _fetch.cache_dir("sdist")
     name = f"llama_cpp_python-{pin.llama_cpp_python}.tar.gz"
     path = cache / name
     if path.exists() and _sha256(path) == pin.sdist_sha256:
         return path
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        req = Path(tmp) / "requirements.txt"
-        # --require-hashes makes pip itself refuse anything but the pinned file.
-        req.write_text(f"llama-cpp-python=={pin.llama_cpp_python} --hash=sha256:{pin.sdist_sha256}\n")
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
-            "--require-hashes", "-r", str(req), "-d", tmp,
-        ]
         print(f"llama-vq: fetching llama-cpp-python=={pin.llama_cpp_python} sdist with pip", file=sys.stderr)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / name
-        if proc.returncode != 0 or not got.exists():
+        try:
+            (got,) = _fetch.pip_download([(f"llama-cpp-python=={pin.llama_cpp_python}", pin.sdist_sha256)],
+                                         Path(tmp), binary=False)
+        except _fetch.FetchError as e:
             raise VendorError(
-                f"could not download llama-cpp-python=={pin.llama_cpp_python} with pip "
-                f"(exit {proc.returncode}):\n{proc.stderr.strip()[-2000:]}\n"
-                "Fix: check network access to your package index, or place the file "
-                f"{name} (sha256 {pin.sdist_sha256}) in {cache} and run again."
-            )
-        digest = _sha256(got)
-        if digest != pin.sdist_sha256:
-            raise VendorError(
-                f"{name} has sha256 {digest}, but the pin in pyproject.toml says "
-                f"{pin.sdist_sha256}. Refusing to use it. Fix: make sure your index serves the "
-                "genuine release, or update the pin deliberately (README: 'Bumping the pin')."
-            )
+                f"{e}\nFix: check network access to your package index, or place the file {name} "
+                f"(sha256 {pin.sdist_sha256}) in {cache} and run again. A different file from the index: make sure "
+                "it serves the genuine release, or update the pin deliberately (docs/build.md, bumping the pin)."
+            ) from None
         shutil.move(str(got), path)
     return path
 
