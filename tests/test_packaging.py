@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_support import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -76,14 +76,8 @@ def dist(tmp_path_factory) -> Path:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server_answers_health(venv: Path, model: Path, cwd: Path) -> dict:
-    port = _free_port()
+    port = free_port()
     log = (cwd / "server.log").open("wb")
     proc = subprocess.Popen([venv / "bin" / "llama-vq-server", "--model", model, "--host", "127.0.0.1",
                              "--port", str(port), "--ctx-size", "256"],
