@@ -1,4 +1,5 @@
-# Sourced by the scripts that run on a GPU machine (cuda_device.sh, cuda_session.sh, rotation_check.sh):
+# Sourced by the scripts that run on a GPU machine (cuda_device.sh, serve_device.sh and the device scripts of
+# investigations/):
 # the carried folder, the output folder, the environment, and the synthetic models and tools they share.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 C=${CARRY:-$here/.bench-carry}
@@ -90,7 +91,7 @@ fusion_ran() {
 }
 
 # build_project BUILD_DIR PYTHON [TARGETS...]: our CMake project from the carried tree (CUDA sm_90, FA kernels off):
-# llama_vq/lib filled in place, llama-server and the tools in BUILD_DIR/bin (serve_device.sh, stall_device.sh)
+# llama_vq/lib filled in place, llama-server and the tools in BUILD_DIR/bin (serve_device.sh)
 build_project() {
     local B=$1 py=$2; shift 2
     cmake -S "$here" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC="$C/llama.cpp" \

@@ -1,9 +1,4 @@
-"""The throughput prompts of serve_bench.py, shared with the in-process engine benchmarks (engine_stall.py,
-engine_profile.py, state_read_check.py, which run where httpx is not installed): the same prompts meet the same
-cache layout. Also those benchmarks' common command line."""
-
-import argparse
-from pathlib import Path
+"""The throughput prompts of serve_bench.py, and the long per-client history its --context-words puts before them."""
 
 PROMPTS = [
     "Once upon a time, in a small village by the sea, there lived",
@@ -27,24 +22,3 @@ def client_context(client: int, words: int) -> str:
         out += f"Record {client}-{i}: item {i} of ledger {client} holds {(i * 37 + client * 11) % 1000} units.".split()
         i += 1
     return " ".join(out[:words]) + "\n\n" if words > 0 else ""
-
-
-def round_prompts(tokenize, clients: int, requests: int) -> list[list[list[int]]]:
-    """Token prompts of one client round of engine_stall.py / engine_profile.py: per client, ``requests`` prompts,
-    each one of PROMPTS with the client and request numbers appended (no two alike)."""
-    return [
-        [tokenize(PROMPTS[(c * requests + i) % len(PROMPTS)] + f" ({c}.{i})") for i in range(requests)]
-        for c in range(clients)
-    ]
-
-
-def engine_arg_parser(doc: str, clients: str = "1,2,4,8", requests: bool = True) -> argparse.ArgumentParser:
-    """MODEL, --flags (the server's), --clients, [--requests,] --max-tokens: what every in-process bench takes."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--flags", default="-c 4096 -np 8 -ctk q8_0 -ctv q4_0 -fa off")
-    ap.add_argument("--clients", default=clients)
-    if requests:
-        ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    return ap

@@ -20,7 +20,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_every_shell_script_parses():
-    scripts = sorted([*ROOT.glob("benchmarks/*.sh"), *ROOT.glob("scripts/*.sh")])
+    scripts = sorted([*ROOT.glob("benchmarks/**/*.sh"), *ROOT.glob("scripts/*.sh")])
     assert SCRIPT in scripts
     for s in scripts:
         r = subprocess.run(["bash", "-n", str(s)], capture_output=True, text=True)

@@ -29,7 +29,7 @@ TEXT_SUFFIXES = {".py", ".md", ".sh", ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", 
                  ".cfg", ".ini", ".yml", ".yaml", ".json", ".lock", ".patch", ""}
 
 # a four-digit patch number below 0100, optionally with its name; not inside a word or a decimal (0.0041)
-PATCH_REF = re.compile(r"(?<![\w.])(00\d\d)(-[a-z][a-z0-9]*(?:-[a-z0-9]+)*)?(?:\.patch)?(?![\w])")
+PATCH_REF = re.compile(r"(?<![\w.])(00\d\d)(-[a-z][a-z0-9_]*(?:-[a-z0-9_]+)*)?(?:\.patch)?(?![\w])")
 HISTORY = re.compile(r"\b(?:rounds?|issues?|calls?)\s+#?\d+\b|(?<![\w&/])#\d+\b(?!\s*[;)\]])", re.IGNORECASE)
 # a path into this repository; a glob, a placeholder or a template is not checked
 REPO_PATH = re.compile(r"(?<![\w./-])((?:benchmarks|docs|tests|tools|scripts|llama_vq|native|docker|patches|cmake)"
@@ -54,6 +54,7 @@ def _files(root: Path) -> list[Path]:
         elif base.is_dir():
             out += sorted(p for p in base.rglob("*")
                           if p.is_file() and not SKIP_PARTS & set(p.relative_to(root).parts)
+                          and not p.relative_to(root).as_posix().startswith(GENERATED)
                           and (p.suffix in TEXT_SUFFIXES or p.name.startswith("Dockerfile")))
     return out
 
