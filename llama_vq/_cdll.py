@@ -53,15 +53,19 @@ def load(spec: Library) -> ctypes.CDLL:
         if lib is not None:
             return lib
         if not spec.path.exists():
-            raise spec.error(f"{spec.path} is missing: this llama-vq build has no lib{spec.name}. Fix: rebuild "
-                             "llama-vq (`scripts/run.sh setup` in a checkout) or reinstall it")
+            raise spec.error(
+                f"{spec.path} is missing: this llama-vq build has no lib{spec.name}. Fix: rebuild "
+                "llama-vq (`scripts/run.sh setup` in a checkout) or reinstall it"
+            )
         lib = ctypes.CDLL(str(spec.path))
         declare(lib, spec.signatures)
         if spec.abi_function is not None:
             got = getattr(lib, spec.abi_function)()
             if got != spec.abi_version:
-                raise spec.error(f"{spec.path} has ABI version {got}, this package needs {spec.abi_version}. Fix: "
-                                 "rebuild llama-vq (`scripts/run.sh setup` in a checkout) or reinstall it")
+                raise spec.error(
+                    f"{spec.path} has ABI version {got}, this package needs {spec.abi_version}. Fix: "
+                    "rebuild llama-vq (`scripts/run.sh setup` in a checkout) or reinstall it"
+                )
         _loaded[key] = lib
         return lib
 

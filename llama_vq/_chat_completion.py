@@ -47,8 +47,9 @@ class ChatGrammar:
     def from_plan(cls, plan: ChatParams) -> ChatGrammar | None:
         if not plan.grammar:
             return None
-        return cls(plan.grammar, plan.grammar_lazy, plan.trigger_patterns, plan.trigger_tokens,
-                   plan.grammar_prefill_tokens)
+        return cls(
+            plan.grammar, plan.grammar_lazy, plan.trigger_patterns, plan.trigger_tokens, plan.grammar_prefill_tokens
+        )
 
     def sampler(self, vocab: Any) -> Any:
         """The grammar sampler (llama_sampler *), its prefill tokens accepted."""
@@ -56,8 +57,14 @@ class ChatGrammar:
             patterns = (ctypes.c_char_p * len(self.trigger_patterns))(*(p.encode() for p in self.trigger_patterns))
             tokens = (llama_cpp.llama_token * len(self.trigger_tokens))(*self.trigger_tokens)
             smpl = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
-                vocab, self.gbnf.encode(), b"root", patterns, len(self.trigger_patterns), tokens,
-                len(self.trigger_tokens))
+                vocab,
+                self.gbnf.encode(),
+                b"root",
+                patterns,
+                len(self.trigger_patterns),
+                tokens,
+                len(self.trigger_tokens),
+            )
         else:
             smpl = llama_cpp.llama_sampler_init_grammar(vocab, self.gbnf.encode(), b"root")
         if not smpl:
@@ -96,7 +103,7 @@ class _Stops:
                 if buf.endswith(s[:k]):
                     keep = k
                     break
-        self._held = buf[len(buf) - keep:]
+        self._held = buf[len(buf) - keep :]
         return buf[: len(buf) - keep], False
 
     def flush(self) -> str:
@@ -175,8 +182,10 @@ def create(
     prompt = llm.tokenize(plan.prompt.encode("utf-8"), add_bos=True, special=True)
     n_ctx = llm.n_ctx()
     if len(prompt) >= n_ctx:
-        raise ValueError(f"the rendered chat prompt has {len(prompt)} tokens, the context window {n_ctx}: "
-                         "shorten the messages or create the Llama with a larger n_ctx")
+        raise ValueError(
+            f"the rendered chat prompt has {len(prompt)} tokens, the context window {n_ctx}: "
+            "shorten the messages or create the Llama with a larger n_ctx"
+        )
     limit = n_ctx - len(prompt) if max_tokens is None or max_tokens <= 0 else min(max_tokens, n_ctx - len(prompt))
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if logit_bias:
@@ -184,8 +193,11 @@ def create(
         logits_processor = procs if logits_processor is None else logits_processor + procs
     if seed is not None:
         llm.set_seed(seed)
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": model if model is not None else llm.model_path}
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": model if model is not None else llm.model_path,
+    }
     gen = _Generation(llm, plan, prompt, limit, stops + list(plan.additional_stops), logits_processor, sampling)
     if stream:
         return _chunks(templates, plan, gen, head)
@@ -195,16 +207,25 @@ def create(
     end = parser.finish()
     msg = end.message.to_openai()
     finish = "tool_calls" if end.message.tool_calls else gen.finish_reason
-    return {**head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": gen.n_tokens,
-                      "total_tokens": len(prompt) + gen.n_tokens}}
+    return {
+        **head,
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": gen.n_tokens,
+            "total_tokens": len(prompt) + gen.n_tokens,
+        },
+    }
 
 
 def _chunks(templates: ChatTemplates, plan: ChatParams, gen: _Generation, head: dict[str, Any]) -> Iterator[dict]:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**head, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return {
+            **head,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
 
     parser = templates.stream(plan)
     yield chunk({"role": "assistant", "content": None})
@@ -221,8 +242,16 @@ class _Generation:
     """The generated text, piece by piece: special tokens of the output format rendered as text, stop strings cut
     (and held back while they may still begin), ended by an end-of-generation token, a stop or the token limit."""
 
-    def __init__(self, llm: Llama, plan: ChatParams, prompt: list[int], limit: int, stops: list[str],
-                 logits_processor: Any, sampling: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        llm: Llama,
+        plan: ChatParams,
+        prompt: list[int],
+        limit: int,
+        stops: list[str],
+        logits_processor: Any,
+        sampling: dict[str, Any],
+    ) -> None:
         self._llm, self._plan, self._prompt, self._limit = llm, plan, prompt, limit
         self._stops, self._procs, self._sampling = _Stops(stops), logits_processor, sampling
         self.n_tokens = 0
@@ -233,8 +262,9 @@ class _Generation:
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         preserved = set(self._plan.preserved_token_ids)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        tokens = llm.generate(self._prompt, grammar=ChatGrammar.from_plan(self._plan),
-                              logits_processor=self._procs, **self._sampling)
+        tokens = llm.generate(
+            self._prompt, grammar=ChatGrammar.from_plan(self._plan), logits_processor=self._procs, **self._sampling
+        )
         try:
             for tok in tokens:
                 if llama_cpp.llama_vocab_is_eog(vocab, tok):

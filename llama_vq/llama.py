@@ -157,8 +157,9 @@ class Llama(llama_cpp.Llama):
         check_cache_config(model_path, tk, tv, fa, nonfa_quantized_v=nonfa_qv)
         swa_differs = (tk_swa, tv_swa) != (tk, tv)
         if swa_differs:
-            check_cache_config(model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=nonfa_qv,
-                               names=("type_k_swa", "type_v_swa"))
+            check_cache_config(
+                model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=nonfa_qv, names=("type_k_swa", "type_v_swa")
+            )
             if not _native.has_swa_cache_types():
                 raise CacheConfigError(
                     "type_k_swa/type_v_swa need llama-vq's per-layer cache types (patch "
@@ -309,26 +310,81 @@ class Llama(llama_cpp.Llama):
         """
         if not self._vq_chat_layer:
             return super().create_chat_completion(
-                messages, functions, function_call, tools, tool_choice, temperature, top_p, top_k, min_p, typical_p,
-                stream, [] if stop is None else stop, seed, response_format, max_tokens, presence_penalty,
-                frequency_penalty, repeat_penalty, tfs_z, mirostat_mode, mirostat_tau, mirostat_eta, model,
-                logits_processor, grammar, logit_bias, logprobs, top_logprobs)
+                messages,
+                functions,
+                function_call,
+                tools,
+                tool_choice,
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                typical_p,
+                stream,
+                [] if stop is None else stop,
+                seed,
+                response_format,
+                max_tokens,
+                presence_penalty,
+                frequency_penalty,
+                repeat_penalty,
+                tfs_z,
+                mirostat_mode,
+                mirostat_tau,
+                mirostat_eta,
+                model,
+                logits_processor,
+                grammar,
+                logit_bias,
+                logprobs,
+                top_logprobs,
+            )
         given = {"logprobs": logprobs, "top_logprobs": top_logprobs}
         for name, what in _chat_completion.UNSUPPORTED.items():
             if given[name]:
-                raise ValueError(f"{name}={given[name]!r}: the chat layer does not return {what}. Fix: leave it "
-                                 "unset, or create the Llama with chat_format=... (llama-cpp-python's formatter)")
+                raise ValueError(
+                    f"{name}={given[name]!r}: the chat layer does not return {what}. Fix: leave it "
+                    "unset, or create the Llama with chat_format=... (llama-cpp-python's formatter)"
+                )
         request = _chat_completion.request_from_openai(
-            messages, tools=tools, tool_choice=tool_choice, functions=functions, function_call=function_call,
-            response_format=response_format, grammar=grammar, parallel_tool_calls=parallel_tool_calls,
-            reasoning_format=reasoning_format, chat_template_kwargs=chat_template_kwargs, stream=stream)
-        sampling = {"temp": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p, "typical_p": typical_p,
-                    "repeat_penalty": repeat_penalty, "frequency_penalty": frequency_penalty,
-                    "presence_penalty": presence_penalty, "mirostat_mode": mirostat_mode,
-                    "mirostat_tau": mirostat_tau, "mirostat_eta": mirostat_eta}
-        return _chat_completion.create(self, self.chat_templates, request, stream=stream, max_tokens=max_tokens,
-                                       stop=stop, seed=seed, model=model, logit_bias=logit_bias,
-                                       logits_processor=logits_processor, sampling=sampling)
+            messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            functions=functions,
+            function_call=function_call,
+            response_format=response_format,
+            grammar=grammar,
+            parallel_tool_calls=parallel_tool_calls,
+            reasoning_format=reasoning_format,
+            chat_template_kwargs=chat_template_kwargs,
+            stream=stream,
+        )
+        sampling = {
+            "temp": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "typical_p": typical_p,
+            "repeat_penalty": repeat_penalty,
+            "frequency_penalty": frequency_penalty,
+            "presence_penalty": presence_penalty,
+            "mirostat_mode": mirostat_mode,
+            "mirostat_tau": mirostat_tau,
+            "mirostat_eta": mirostat_eta,
+        }
+        return _chat_completion.create(
+            self,
+            self.chat_templates,
+            request,
+            stream=stream,
+            max_tokens=max_tokens,
+            stop=stop,
+            seed=seed,
+            model=model,
+            logit_bias=logit_bias,
+            logits_processor=logits_processor,
+            sampling=sampling,
+        )
 
     def _init_sampler(self, *args: Any, grammar: Any = None, **kwargs: Any) -> Any:
         # a chat plan's grammar (lazy, prefilled) goes first in the chain, before llama-cpp-python's samplers
@@ -383,8 +439,9 @@ class Llama(llama_cpp.Llama):
         if swa is None:
             return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v)
         tk_swa, tv_swa, k_swa, v_swa = swa
-        return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v,
-                           _type_name(tk_swa), _type_name(tv_swa), k_swa, v_swa)
+        return KVCacheInfo(
+            self._vq_type_k.name, self._vq_type_v.name, n, k, v, _type_name(tk_swa), _type_name(tv_swa), k_swa, v_swa
+        )
 
 
 def _type_name(ggml_type: int) -> str | None:

@@ -68,8 +68,10 @@ def pytest_report_header(config):
         import llama_vq
 
         info = llama_vq.build_info()
-        return [f"llama-vq {info.version}: backend={info.backend} llama.cpp={info.llama_cpp_commit[:10]} "
-                f"patches={len(info.patches)} threads={os.cpu_count()}"]
+        return [
+            f"llama-vq {info.version}: backend={info.backend} llama.cpp={info.llama_cpp_commit[:10]} "
+            f"patches={len(info.patches)} threads={os.cpu_count()}"
+        ]
     except Exception as e:  # the header must never hide the real failure
         return [f"llama-vq: not importable ({e})"]
 
@@ -85,5 +87,7 @@ def pytest_runtest_makereport(item, call):
     reason = reason.removeprefix("Skipped: ")
     if not is_platform_limit(reason):
         rep.outcome = "failed"
-        rep.longrepr = (f"skipped in CI ({CI_ENV}=1) for a reason that is not a platform limit: {reason}\n"
-                        "Fix the machine (or the test) so that it runs; tests/skip_support.py says which skips CI accepts.")
+        rep.longrepr = (
+            f"skipped in CI ({CI_ENV}=1) for a reason that is not a platform limit: {reason}\n"
+            "Fix the machine (or the test) so that it runs; tests/skip_support.py says which skips CI accepts."
+        )

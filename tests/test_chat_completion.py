@@ -34,8 +34,9 @@ def smol(llama_vq, smollm2_path):
 
 @pytest.fixture(scope="module")
 def qwen(llama_vq, qwen_coder_path):
-    llm = llama_vq.Llama(str(qwen_coder_path), n_ctx=2048, n_threads=2, type_k="q8_0", type_v="q4_0",
-                         flash_attn=False, verbose=False)
+    llm = llama_vq.Llama(
+        str(qwen_coder_path), n_ctx=2048, n_threads=2, type_k="q8_0", type_v="q4_0", flash_attn=False, verbose=False
+    )
     yield llm
     llm.close()
 
@@ -91,7 +92,9 @@ def test_smollm2_answers_in_openai_shape_and_the_stream_adds_up_to_the_message(s
 
 def test_stop_strings_cut_the_answer_streamed_or_not(smol):
     text = "Hello, world. Goodbye."
-    r = smol.create_chat_completion([{"role": "user", "content": "Hi"}], stop=[". G"], logits_processor=forcing(smol, text))
+    r = smol.create_chat_completion(
+        [{"role": "user", "content": "Hi"}], stop=[". G"], logits_processor=forcing(smol, text)
+    )
     assert r["choices"][0]["message"]["content"] == "Hello, world"
     assert r["choices"][0]["finish_reason"] == "stop"
     _, merged = _stream(smol, [{"role": "user", "content": "Hi"}], stop=[". G"], logits_processor=forcing(smol, text))
@@ -110,8 +113,9 @@ def test_stops_hold_back_a_tail_that_may_begin_a_stop():
 
 def test_reasoning_is_split_from_the_content_and_kept_with_reasoning_format_none(llama_vq, smollm2_path):
     # SmolLM2's weights with Qwen3's template: a thinking block, parsed as llama-server parses it
-    llm = llama_vq.Llama(str(smollm2_path), n_ctx=1024, n_threads=2, verbose=False,
-                         chat_template=template_text("Qwen-Qwen3-0.6B.jinja"))
+    llm = llama_vq.Llama(
+        str(smollm2_path), n_ctx=1024, n_threads=2, verbose=False, chat_template=template_text("Qwen-Qwen3-0.6B.jinja")
+    )
     try:
         text = "<think>\nThe user greets me.\n</think>\n\nHello there!"
         r = llm.create_chat_completion([{"role": "user", "content": "Hi"}], logits_processor=forcing(llm, text))
@@ -119,9 +123,12 @@ def test_reasoning_is_split_from_the_content_and_kept_with_reasoning_format_none
         assert (msg["reasoning_content"], msg["content"]) == ("The user greets me.\n", "Hello there!")
         _, merged = _stream(llm, [{"role": "user", "content": "Hi"}], logits_processor=forcing(llm, text))
         assert (merged["reasoning_content"], merged["content"]) == ("The user greets me.\n", "Hello there!")
-        raw = llm.create_chat_completion([{"role": "user", "content": "Hi"}], reasoning_format="none",
-                                         logits_processor=forcing(llm, text))["choices"][0]["message"]
-        assert "reasoning_content" not in raw and "<think>" in raw["content"] and raw["content"].endswith("Hello there!")
+        raw = llm.create_chat_completion(
+            [{"role": "user", "content": "Hi"}], reasoning_format="none", logits_processor=forcing(llm, text)
+        )["choices"][0]["message"]
+        assert (
+            "reasoning_content" not in raw and "<think>" in raw["content"] and raw["content"].endswith("Hello there!")
+        )
     finally:
         llm.close()
 
@@ -149,28 +156,35 @@ def test_chat_format_keeps_llama_cpp_pythons_formatter(llama_vq, smollm2_path):
 
 @pytest.mark.slow
 def test_qwen_coder_required_tool_call_is_parsed_into_schema_valid_arguments(qwen):
-    r = qwen.create_chat_completion_openai_v1(WEATHER_Q, tools=[GET_WEATHER], tool_choice="required", temperature=0,
-                                             max_tokens=48)
+    r = qwen.create_chat_completion_openai_v1(
+        WEATHER_Q, tools=[GET_WEATHER], tool_choice="required", temperature=0, max_tokens=48
+    )
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
     (call,) = r.choices[0].message.tool_calls
     args = _weather_args(call.model_dump())
     assert args["city"] == "Paris" and args["unit"] == "celsius"
-    chunks, merged = _stream(qwen, WEATHER_Q, tools=[GET_WEATHER], tool_choice="required", temperature=0,
-                             max_tokens=48)
+    chunks, merged = _stream(qwen, WEATHER_Q, tools=[GET_WEATHER], tool_choice="required", temperature=0, max_tokens=48)
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert [(c["name"], c["arguments"]) for c in merged["tool_calls"]] == [(call.function.name,
-                                                                            call.function.arguments)]
+    assert [(c["name"], c["arguments"]) for c in merged["tool_calls"]] == [
+        (call.function.name, call.function.arguments)
+    ]
 
 
 @pytest.mark.slow
 def test_qwen_coder_named_tool_choice_and_legacy_function_call_call_that_function(qwen):
     named = {"type": "function", "function": {"name": "get_time"}}
-    r = qwen.create_chat_completion(WEATHER_Q, tools=[GET_WEATHER, GET_TIME], tool_choice=named, temperature=0,
-                                    max_tokens=32)
+    r = qwen.create_chat_completion(
+        WEATHER_Q, tools=[GET_WEATHER, GET_TIME], tool_choice=named, temperature=0, max_tokens=32
+    )
     (call,) = r["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "get_time" and "city" in json.loads(call["function"]["arguments"])
-    legacy = qwen.create_chat_completion(WEATHER_Q, functions=[GET_WEATHER["function"]],
-                                         function_call={"name": "get_weather"}, temperature=0, max_tokens=48)
+    legacy = qwen.create_chat_completion(
+        WEATHER_Q,
+        functions=[GET_WEATHER["function"]],
+        function_call={"name": "get_weather"},
+        temperature=0,
+        max_tokens=48,
+    )
     (call,) = legacy["choices"][0]["message"]["tool_calls"]
     _weather_args(call)
 
@@ -190,7 +204,8 @@ def test_qwen_coder_auto_parses_the_tool_call_the_model_writes(qwen):
     assert _weather_args(call) == {"city": "Lyon", "unit": "celsius"}
     _, merged = _stream(qwen, WEATHER_Q, tools=[GET_WEATHER], logits_processor=forcing(qwen, text))
     assert [(c["name"], json.loads(c["arguments"])) for c in merged["tool_calls"]] == [
-        ("get_weather", {"city": "Lyon", "unit": "celsius"})]
+        ("get_weather", {"city": "Lyon", "unit": "celsius"})
+    ]
     assert merged["content"] == ""
 
 

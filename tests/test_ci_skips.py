@@ -13,7 +13,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-SUITE = '''
+SUITE = """
 import pytest
 from skip_support import skip_platform_limit
 
@@ -26,7 +26,7 @@ def test_skips_for_a_platform_limit():
 @pytest.mark.xfail(reason="known", strict=True)
 def test_expected_failure():
     assert False
-'''
+"""
 
 
 def _run(tmp_path: Path, ci: str | None) -> dict[str, int]:
@@ -36,9 +36,26 @@ def _run(tmp_path: Path, ci: str | None) -> dict[str, int]:
     env = {k: v for k, v in os.environ.items() if k != "LLAMA_VQ_CI"}
     if ci is not None:
         env["LLAMA_VQ_CI"] = ci
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                        "--rootdir", str(tmp_path), str(tmp_path / "test_suite.py")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_suite.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|xfailed|error)", r.stdout)}
     return counts | {"stdout": r.stdout}  # type: ignore[dict-item]
 

@@ -60,8 +60,13 @@ def test_same_type_copy_of_a_permuted_quantized_view_into_another_shape_stays_in
         gf = ggml.new_graph(ctx)
         ggml.build_forward_expand(gf, op)
         assert ggml.graph_compute_with_ctx(ctx, gf, 2) == 0
-        out = np.ctypeslib.as_array((ctypes.c_uint8 * ((n_rows + guard_rows) * row_bytes)).from_address(
-            ggml.get_data(arena))).reshape(n_rows + guard_rows, row_bytes).copy()
+        out = (
+            np.ctypeslib.as_array(
+                (ctypes.c_uint8 * ((n_rows + guard_rows) * row_bytes)).from_address(ggml.get_data(arena))
+            )
+            .reshape(n_rows + guard_rows, row_bytes)
+            .copy()
+        )
     finally:
         ggml.backend_free(backend)
         ggml.free(ctx)

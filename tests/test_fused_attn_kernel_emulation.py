@@ -49,8 +49,10 @@ def kernel_part(tmp: Path) -> dict[str, Path]:
     kern = for_emulation(cut(text, "#define AD_NT", "static bool attn_decode_type_supported"))
     assert kern.count("g_smem") == 2, "the kernels' two extern __shared__ declarations"
     write_part(tmp, "attn-decode-vmma.cuh", kernel_source("attn-decode-vmma.cuh"))
-    return {"KERNEL_INC": write_part(tmp, "kernel.inc", kern),
-            "DEQ_INC": write_part(tmp, "deq.inc", dequantize_x8_part())}
+    return {
+        "KERNEL_INC": write_part(tmp, "kernel.inc", kern),
+        "DEQ_INC": write_part(tmp, "deq.inc", dequantize_x8_part()),
+    }
 
 
 @pytest.fixture(scope="module")

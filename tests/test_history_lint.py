@@ -27,12 +27,15 @@ def _root(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_lint_refuses_numbers_old_names_rounds_and_missing_paths(tmp_path):
-    root = _root(tmp_path, {
-        "llama_vq/a.py": "# fixed by patch 0002 (was 0038: slower)\n",
-        "native/b.cu": "// see 0003-gone-now and 0032-0034\n",
-        "docs/c.md": "measured in round 11 (issue 25, call 3); see docs/missing.md\n",
-        "tests/d.py": '"""0001-first-thing.patch hooks it; docs/c.md says how; 0.0041 is a number."""\n',
-    })
+    root = _root(
+        tmp_path,
+        {
+            "llama_vq/a.py": "# fixed by patch 0002 (was 0038: slower)\n",
+            "native/b.cu": "// see 0003-gone-now and 0032-0034\n",
+            "docs/c.md": "measured in round 11 (issue 25, call 3); see docs/missing.md\n",
+            "tests/d.py": '"""0001-first-thing.patch hooks it; docs/c.md says how; 0.0041 is a number."""\n',
+        },
+    )
     problems = _history.lint(root)
     text = "\n".join(problems)
     assert "llama_vq/a.py:1: patch 0002 cited by number" in text
@@ -46,10 +49,14 @@ def test_the_lint_refuses_numbers_old_names_rounds_and_missing_paths(tmp_path):
 
 
 def test_the_lint_reads_a_patch_header_and_its_added_lines_only(tmp_path):
-    patch = ("Description: like 0002 did\nAuthor: a\nForwarded: no\nLast-Update: 1\n---\n"
-             "diff --git a/x.c b/x.c\n--- a/x.c\n+++ b/x.c\n@@ -1,2 +1,2 @@\n"
-             " // upstream's context: 0099 stays theirs\n-old\n+// ours, round 4\n")
+    patch = (
+        "Description: like 0002 did\nAuthor: a\nForwarded: no\nLast-Update: 1\n---\n"
+        "diff --git a/x.c b/x.c\n--- a/x.c\n+++ b/x.c\n@@ -1,2 +1,2 @@\n"
+        " // upstream's context: 0099 stays theirs\n-old\n+// ours, round 4\n"
+    )
     root = _root(tmp_path, {"patches/0001-first-thing.patch": patch})
     problems = _history.lint(root)
-    assert [p.split(": ", 1)[0] for p in problems] == ["patches/0001-first-thing.patch:1",
-                                                       "patches/0001-first-thing.patch:12"], problems
+    assert [p.split(": ", 1)[0] for p in problems] == [
+        "patches/0001-first-thing.patch:1",
+        "patches/0001-first-thing.patch:12",
+    ], problems

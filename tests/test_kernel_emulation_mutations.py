@@ -23,8 +23,12 @@ FWHT_ONLY = ("-DEMU_JOBS=8",)
 MMVQ_ONLY = ("-DEMU_JOBS=2",)
 
 # the block barrier turned into a warp barrier (the early return of whole warps stays after it)
-OLD_LANE_EXCHANGE = {"FWHT_INC": ("    __syncthreads();\n    if (g >= nseg) {\n        return;\n    }\n",
-                                  "    ggml_cuda_syncwarp();\n    if (g >= nseg) {\n        return;\n    }\n")}
+OLD_LANE_EXCHANGE = {
+    "FWHT_INC": (
+        "    __syncthreads();\n    if (g >= nseg) {\n        return;\n    }\n",
+        "    ggml_cuda_syncwarp();\n    if (g >= nseg) {\n        return;\n    }\n",
+    )
+}
 
 WRITE_BACK = "                if (lane == 0 && valid[c] && k < k1) {\n"
 
@@ -32,8 +36,10 @@ WRITE_BACK = "                if (lane == 0 && valid[c] && k < k1) {\n"
 def ballot_32(surface: str) -> dict[str, tuple[str, str]]:
     pred = "lane == 0 && valid[c] && k < k1"
     call = f"__ballot({pred})" if surface == "hip" else f"__ballot_sync(0xffffffff, {pred})"
-    new = (f"                const unsigned writers = {call};\n"
-           "                if (((uint64_t) writers >> (threadIdx.x % ggml_cuda_get_physical_warp_size())) & 1) {\n")
+    new = (
+        f"                const unsigned writers = {call};\n"
+        "                if (((uint64_t) writers >> (threadIdx.x % ggml_cuda_get_physical_warp_size())) & 1) {\n"
+    )
     return {"MMVQ_INC": (WRITE_BACK, new)}
 
 

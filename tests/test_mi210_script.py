@@ -30,8 +30,9 @@ def test_every_shell_script_parses():
 def test_proxy_mode_needs_the_tools_folder(tmp_path):
     env = _env(PROXY="cuda")
     env.pop("BIN", None)
-    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode != 0
     assert "PROXY=cuda needs BIN" in r.stderr
 
@@ -46,9 +47,18 @@ def test_fidelity_step_runs_end_to_end_on_the_cpu_tools(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
         ["bash", str(SCRIPT), str(out)],
-        env=_env(PROXY="cuda", DEV="CPU", BIN=str(BIN_DIR), STEPS="4", KL_CHUNKS="1",
-                 KL_MODEL=str(models.default_model_path())),
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env=_env(
+            PROXY="cuda",
+            DEV="CPU",
+            BIN=str(BIN_DIR),
+            STEPS="4",
+            KL_CHUNKS="1",
+            KL_MODEL=str(models.default_model_path()),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
     )
     report = (out / "mi210.txt").read_text()
     assert r.returncode == 0, report + r.stderr[-3000:]

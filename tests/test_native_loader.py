@@ -26,7 +26,11 @@ def test_a_missing_library_and_another_abi_are_refused_naming_the_fix(llama_vq):
 
     with pytest.raises(EngineError, match="libno-such-thing.* is missing.*rebuild llama-vq"):
         _cdll.load(_cdll.Library("no-such-thing", error=EngineError))
-    wrong = _cdll.Library("llama-vq-chat", {"llama_vq_chat_abi_version": ([], ctypes.c_int)},
-                          abi_function="llama_vq_chat_abi_version", abi_version=999)
+    wrong = _cdll.Library(
+        "llama-vq-chat",
+        {"llama_vq_chat_abi_version": ([], ctypes.c_int)},
+        abi_function="llama_vq_chat_abi_version",
+        abi_version=999,
+    )
     with pytest.raises(llama_vq.LlamaVQError, match="has ABI version 1, this package needs 999"):
         _cdll.load(wrong)

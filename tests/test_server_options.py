@@ -37,10 +37,13 @@ def test_docs_state_the_flags_default(flag):
     docs = (ROOT / "docs" / "server.md").read_text()
     stated = [m.group(1) for m in re.finditer(rf"{re.escape(flag.flag)}[^(\n|]*\(default ([^,);]+)", docs)]
     assert stated, f"docs/server.md states no default for {flag.flag}"
-    assert set(stated) == {flag.default_text}, f"docs/server.md: {flag.flag} default {stated}, FLAGS: {flag.default_text}"
+    assert set(stated) == {flag.default_text}, (
+        f"docs/server.md: {flag.flag} default {stated}, FLAGS: {flag.default_text}"
+    )
 
 
 def test_a_flag_overrides_its_variable_and_both_convert():
-    ours, rest = split_argv(["--state-budget", "1K", "-c", "64"], {"LLAMA_VQ_STATE_BUDGET": "2K",
-                                                                    "LLAMA_VQ_DRAIN_TIMEOUT": "0.5"})
+    ours, rest = split_argv(
+        ["--state-budget", "1K", "-c", "64"], {"LLAMA_VQ_STATE_BUDGET": "2K", "LLAMA_VQ_DRAIN_TIMEOUT": "0.5"}
+    )
     assert ours == {"state_budget": 1024, "drain_timeout": 0.5} and rest == ["-c", "64"]

@@ -30,8 +30,11 @@ FLAGS = ("-np", "1", "-ctv", "q4_0", "-fa", "off")
 
 
 def _complete(s: ServerProcess, prompt: str, n: int = 12) -> dict:
-    r = httpx.post(s.url + "/completion", timeout=120,
-                   json={"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": True})
+    r = httpx.post(
+        s.url + "/completion",
+        timeout=120,
+        json={"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": True},
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -86,8 +89,9 @@ def test_a_damaged_state_file_is_deleted_not_loaded(smollm2_path, tmp_path):
 def test_a_state_written_for_other_cache_types_is_not_loaded(smollm2_path, tmp_path):
     state = tmp_path / "state"
     _serve_once(smollm2_path, state, tmp_path / "a", PROMPT)
-    s = ServerProcess(smollm2_path, "-np", "1", "-ctv", "q8_0", "-fa", "off", "--state-dir", str(state),
-                      log_dir=tmp_path / "b")
+    s = ServerProcess(
+        smollm2_path, "-np", "1", "-ctv", "q8_0", "-fa", "off", "--state-dir", str(state), log_dir=tmp_path / "b"
+    )
     try:
         s.wait_ready()
         assert "written by another model, build or cache configuration" in s.log()

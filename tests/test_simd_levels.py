@@ -31,8 +31,10 @@ from skip_support import skip_platform_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 # /proc/cpuinfo flags each level needs (ggml's AVX512 option also turns on BW/VL/DQ/CD)
-LEVEL_FLAGS = {"avx2": ["avx", "avx2", "fma", "f16c", "bmi2"],
-               "avx512": ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"]}
+LEVEL_FLAGS = {
+    "avx2": ["avx", "avx2", "fma", "f16c", "bmi2"],
+    "avx512": ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"],
+}
 PROBE = """
 import ctypes, sys
 d = sys.argv[1]
@@ -56,9 +58,20 @@ def _build_level(level: str) -> Path:
     bdir = ROOT / "build" / f"simd-{level}"
     gen = ["-G", "Ninja"] if shutil.which("ninja") and not (bdir / "Makefile").exists() else []
     env = dict(os.environ, LLAMA_VQ_CPU_FEATURES=level)
-    configure = ["cmake", "-S", str(ROOT), "-B", str(bdir), *gen, "-DCMAKE_BUILD_TYPE=Release",
-                 "-DLLAMA_VQ_BACKEND=cpu", f"-DLLAMA_VQ_CPU_FEATURES={level}", "-DLLAMA_VQ_BUILD_TOOLS=OFF",
-                 "-DLLAMA_VQ_INSTALL_INPLACE=OFF", f"-DPython3_EXECUTABLE={sys.executable}"]
+    configure = [
+        "cmake",
+        "-S",
+        str(ROOT),
+        "-B",
+        str(bdir),
+        *gen,
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_VQ_BACKEND=cpu",
+        f"-DLLAMA_VQ_CPU_FEATURES={level}",
+        "-DLLAMA_VQ_BUILD_TOOLS=OFF",
+        "-DLLAMA_VQ_INSTALL_INPLACE=OFF",
+        f"-DPython3_EXECUTABLE={sys.executable}",
+    ]
     for cmd in (configure, ["cmake", "--build", str(bdir), "--target", "ggml-cpu", "-j", str(os.cpu_count() or 2)]):
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
@@ -94,9 +107,25 @@ def test_cpu_out_prod_reference_tests_pass_at_every_simd_level_this_cpu_runs(bui
 
     # a fresh interpreter without conftest.py (which imports llama_vq and so loads the suite's own libggml)
     env = dict(os.environ, LLAMA_VQ_GGML_LIB_DIR=str(lib_dir))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider",
-                        "-o", "addopts=", str(ROOT / "tests" / "test_out_prod_reference.py")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--noconftest",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            str(ROOT / "tests" / "test_out_prod_reference.py"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     tail = r.stdout[-4000:] + r.stderr[-2000:]
     print(f"\n[{level}] {tail.strip().splitlines()[-1] if tail.strip() else ''}")
     assert r.returncode == 0, tail

@@ -22,18 +22,55 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _pin import ROOT, read_series  # noqa: E402
 
-SCANNED = ("README.md", "CMakeLists.txt", "pyproject.toml", ".ci", "cmake", "docker", "docs", "llama_vq", "native",
-           "scripts", "tests", "tools", "benchmarks/README.md", "patches")
+SCANNED = (
+    "README.md",
+    "CMakeLists.txt",
+    "pyproject.toml",
+    ".ci",
+    "cmake",
+    "docker",
+    "docs",
+    "llama_vq",
+    "native",
+    "scripts",
+    "tests",
+    "tools",
+    "benchmarks/README.md",
+    "patches",
+)
 SKIP_PARTS = {"__pycache__", "lib", "bin", ".pytest_cache"}
-TEXT_SUFFIXES = {".py", ".md", ".sh", ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".txt", ".toml", ".cmake",
-                 ".cfg", ".ini", ".yml", ".yaml", ".json", ".lock", ".patch", ""}
+TEXT_SUFFIXES = {
+    ".py",
+    ".md",
+    ".sh",
+    ".c",
+    ".cc",
+    ".cpp",
+    ".h",
+    ".hpp",
+    ".cu",
+    ".cuh",
+    ".txt",
+    ".toml",
+    ".cmake",
+    ".cfg",
+    ".ini",
+    ".yml",
+    ".yaml",
+    ".json",
+    ".lock",
+    ".patch",
+    "",
+}
 
 # a four-digit patch number below 0100, optionally with its name; not inside a word or a decimal (0.0041)
 PATCH_REF = re.compile(r"(?<![\w.])(00\d\d)(-[a-z][a-z0-9_]*(?:-[a-z0-9_]+)*)?(?:\.patch)?(?![\w])")
 HISTORY = re.compile(r"\b(?:rounds?|issues?|calls?)\s+#?\d+\b|(?<![\w&/])#\d+\b(?!\s*[;)\]])", re.IGNORECASE)
 # a path into this repository; a glob, a placeholder or a template is not checked
-REPO_PATH = re.compile(r"(?<![\w./-])((?:benchmarks|docs|tests|tools|scripts|llama_vq|native|docker|patches|cmake)"
-                       r"/[\w.+-]+(?:/[\w.+-]+)*)(?![\w*{<$/.-])")
+REPO_PATH = re.compile(
+    r"(?<![\w./-])((?:benchmarks|docs|tests|tools|scripts|llama_vq|native|docker|patches|cmake)"
+    r"/[\w.+-]+(?:/[\w.+-]+)*)(?![\w*{<$/.-])"
+)
 # build outputs a checkout has only after a build
 GENERATED = ("llama_vq/lib", "llama_vq/bin", "llama_vq/_build_config.json")
 # a path that a test creates in a directory of its own
@@ -52,10 +89,14 @@ def _files(root: Path) -> list[Path]:
         if base.is_file():
             out.append(base)
         elif base.is_dir():
-            out += sorted(p for p in base.rglob("*")
-                          if p.is_file() and not SKIP_PARTS & set(p.relative_to(root).parts)
-                          and not p.relative_to(root).as_posix().startswith(GENERATED)
-                          and (p.suffix in TEXT_SUFFIXES or p.name.startswith("Dockerfile")))
+            out += sorted(
+                p
+                for p in base.rglob("*")
+                if p.is_file()
+                and not SKIP_PARTS & set(p.relative_to(root).parts)
+                and not p.relative_to(root).as_posix().startswith(GENERATED)
+                and (p.suffix in TEXT_SUFFIXES or p.name.startswith("Dockerfile"))
+            )
     return out
 
 
@@ -90,13 +131,17 @@ def lint(root: Path = ROOT) -> list[str]:
             where = f"{rel}:{n}"
             for m in PATCH_REF.finditer(line):
                 if not m.group(2):
-                    problems.append(f"{where}: patch {m.group(1)} cited by number: cite it by its name in "
-                                    "patches/series (numbers of an earlier series collide with today's)")
+                    problems.append(
+                        f"{where}: patch {m.group(1)} cited by number: cite it by its name in "
+                        "patches/series (numbers of an earlier series collide with today's)"
+                    )
                 elif m.group(1) + m.group(2) not in names and rel not in OWN_QUEUES:
                     problems.append(f"{where}: {m.group(1) + m.group(2)} is not a patch of patches/series")
             for m in HISTORY.finditer(line):
-                problems.append(f"{where}: `{m.group(0)}`: when something was done belongs in the commit message "
-                                "and benchmarks/, not in code or user docs")
+                problems.append(
+                    f"{where}: `{m.group(0)}`: when something was done belongs in the commit message "
+                    "and benchmarks/, not in code or user docs"
+                )
             for m in REPO_PATH.finditer(line):
                 p = m.group(1).rstrip(".")
                 if PLACEHOLDER.search(p) or p.startswith(GENERATED) or (rel, p) in MADE_BY_TESTS or rel == SELF:

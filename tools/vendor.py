@@ -62,8 +62,9 @@ def sdist_path(pin: Pin) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         print(f"llama-vq: fetching llama-cpp-python=={pin.llama_cpp_python} sdist with pip", file=sys.stderr)
         try:
-            (got,) = _fetch.pip_download([(f"llama-cpp-python=={pin.llama_cpp_python}", pin.sdist_sha256)],
-                                         Path(tmp), binary=False)
+            (got,) = _fetch.pip_download(
+                [(f"llama-cpp-python=={pin.llama_cpp_python}", pin.sdist_sha256)], Path(tmp), binary=False
+            )
         except _fetch.FetchError as e:
             raise VendorError(
                 f"{e}\nFix: check network access to your package index, or place the file {name} "
@@ -77,9 +78,7 @@ def sdist_path(pin: Pin) -> Path:
 def extract(pin: Pin, sdist: Path, vendor: Path = VENDOR) -> None:
     digest = _sha256(sdist)
     if digest != pin.sdist_sha256:
-        raise VendorError(
-            f"{sdist} has sha256 {digest}, expected {pin.sdist_sha256}. Delete it and run again."
-        )
+        raise VendorError(f"{sdist} has sha256 {digest}, expected {pin.sdist_sha256}. Delete it and run again.")
     prefix = f"llama_cpp_python-{pin.llama_cpp_python}/vendor/llama.cpp/"
     vendor.parent.mkdir(parents=True, exist_ok=True)
     # fetches hold the lock one at a time (fetch()): a staging directory seen now is an interrupted fetch's
@@ -105,7 +104,7 @@ def _extract_into(sdist: Path, prefix: str, staging: Path) -> int:
         for m in tar.getmembers():
             if not m.name.startswith(prefix) or m.name == prefix.rstrip("/"):
                 continue
-            rel = m.name[len(prefix):]
+            rel = m.name[len(prefix) :]
             if rel == ".git" or rel.startswith(".git/"):
                 continue  # a gitlink into the sdist's own .git; meaningless here
             m.name = rel

@@ -24,27 +24,33 @@ class EngineError(RuntimeError):
 _c = ctypes
 _p, _sz = _c.c_void_p, _c.c_size_t
 # c_void_p results that are our malloc'd strings are freed by _take()
-SERVER = _cdll.Library("llama-vq-server", {
-    "llama_vq_server_abi_version": ([], _c.c_int),
-    "llama_vq_server_create": ([_c.c_int, _c.POINTER(_c.c_char_p), _c.POINTER(_p)], _p),
-    "llama_vq_server_params": ([_p], _p),
-    "llama_vq_server_routes": ([_p], _p),
-    "llama_vq_server_set_swa_cache_types": ([_p, _c.c_int, _c.c_int], None),
-    "llama_vq_server_load": ([_p], _c.c_int),
-    "llama_vq_server_state": ([_p], _p),
-    "llama_vq_server_run": ([_p], None),
-    "llama_vq_server_terminate": ([_p], None),
-    "llama_vq_server_free": ([_p], None),
-    "llama_vq_server_call_new": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz, _c.POINTER(_p)], _p),
-    "llama_vq_server_call_add_file": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz], None),
-    "llama_vq_server_call_run": ([_p], _c.c_int),
-    "llama_vq_server_call_head": ([_p], _c.c_char_p),
-    "llama_vq_server_call_body": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], None),
-    "llama_vq_server_call_next": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], _c.c_int),
-    "llama_vq_server_call_cancel": ([_p], None),
-    "llama_vq_server_call_free": ([_p], None),
-    "llama_vq_server_string_free": ([_p], None),
-}, abi_function="llama_vq_server_abi_version", abi_version=1, error=EngineError)
+SERVER = _cdll.Library(
+    "llama-vq-server",
+    {
+        "llama_vq_server_abi_version": ([], _c.c_int),
+        "llama_vq_server_create": ([_c.c_int, _c.POINTER(_c.c_char_p), _c.POINTER(_p)], _p),
+        "llama_vq_server_params": ([_p], _p),
+        "llama_vq_server_routes": ([_p], _p),
+        "llama_vq_server_set_swa_cache_types": ([_p, _c.c_int, _c.c_int], None),
+        "llama_vq_server_load": ([_p], _c.c_int),
+        "llama_vq_server_state": ([_p], _p),
+        "llama_vq_server_run": ([_p], None),
+        "llama_vq_server_terminate": ([_p], None),
+        "llama_vq_server_free": ([_p], None),
+        "llama_vq_server_call_new": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz, _c.POINTER(_p)], _p),
+        "llama_vq_server_call_add_file": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz], None),
+        "llama_vq_server_call_run": ([_p], _c.c_int),
+        "llama_vq_server_call_head": ([_p], _c.c_char_p),
+        "llama_vq_server_call_body": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], None),
+        "llama_vq_server_call_next": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], _c.c_int),
+        "llama_vq_server_call_cancel": ([_p], None),
+        "llama_vq_server_call_free": ([_p], None),
+        "llama_vq_server_string_free": ([_p], None),
+    },
+    abi_function="llama_vq_server_abi_version",
+    abi_version=1,
+    error=EngineError,
+)
 
 
 def _native() -> ctypes.CDLL:
