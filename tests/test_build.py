@@ -38,7 +38,8 @@ def test_build_info_reports_backend_targets_commit_and_applied_patches(build):
 
 
 def test_loaded_library_is_the_patched_llama_vq_build(build):
-    # patch 0001-bindings-introspection-build-tag-and-kv-cache-size tags llama_print_system_info(); a stock libllama would not say this
+    # patch 0001-bindings-introspection-build-tag-and-kv-cache-size tags llama_print_system_info(); a stock
+    # libllama would not say this
     assert build.system_info.startswith(f"LLAMA_VQ : BUILD = {build.version} |"), build.system_info
 
 

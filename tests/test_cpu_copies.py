@@ -1,5 +1,5 @@
-"""Quantized copies on the CPU backend (patch 0002-ggml-cpu-refuse-quantized-copies-it-cannot-do): it claims only what its kernels do, and what it claims
-stays inside the destination.
+"""Quantized copies on the CPU backend (patch 0002-ggml-cpu-refuse-quantized-copies-it-cannot-do): it claims only
+what its kernels do, and what it claims stays inside the destination.
 
 Built by hand through ctypes on the built libggml (no model). CPU time: milliseconds.
 """

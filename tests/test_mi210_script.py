@@ -1,6 +1,7 @@
 """benchmarks/mi210.sh, the script an MI210 owner runs, exercised here so that its first run there does not fail on a
 typo: its fidelity step end to end on the CPU build's tools (PROXY=cuda with DEV=CPU: no build, the given tools), and
-its refusals. Steps 2 and 3 need a GPU to mean anything (benchmarks/RESULTS.md has them tried on an H200 with PROXY=cuda)."""
+its refusals. Steps 2 and 3 need a GPU to mean anything (benchmarks/RESULTS.md has them tried on an H200 with
+PROXY=cuda)."""
 
 from __future__ import annotations
 

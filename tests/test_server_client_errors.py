@@ -1,7 +1,7 @@
 """A client's mistakes get 4xx with llama-server's error body, never 5xx, and the engine keeps serving: one test per
 class of mistake (a body that is not JSON, a field of the wrong type, a missing field or content the model cannot
-take, a slot id that names no slot). Answered by llama-server's handlers (patch 0020-server-client-errors-are-4xx), through
-our ABI.
+take, a slot id that names no slot). Answered by llama-server's handlers (patch 0020-server-client-errors-are-4xx),
+through our ABI.
 
 CPU cost: one server (~2 s to load), a few 2-token generations.
 """

@@ -1,4 +1,5 @@
-"""Per-layer cache types for iSWA models (patch 0010-llama-swa-layer-cache-types): the sliding-window layers' own K/V types.
+"""Per-layer cache types for iSWA models (patch 0010-llama-swa-layer-cache-types): the sliding-window layers' own K/V
+types.
 
 Checked on the CPU with a MiMo-shaped synthetic model (arch mimo2, tiny preset: 4 layers, full / SWA / SWA / full,
 window 32, K head 192 / V head 128, sinks on the SWA layers), flash attention off:

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -108,7 +109,7 @@ async def _form_as_json(request: Request) -> tuple[bytes, list[tuple[str, str, s
     fields: dict = {}
     files = []
     for key, value in form.multi_items():
-        if hasattr(value, "read"):
+        if isinstance(value, UploadFile):
             files.append((key, value.filename or "", value.content_type or "", await value.read()))
         elif key in fields:
             fields[key] = (fields[key] if isinstance(fields[key], list) else [fields[key]]) + [value]

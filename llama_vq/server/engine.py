@@ -122,13 +122,13 @@ class Call:
     def body(self) -> bytes:
         data, size = ctypes.c_void_p(), ctypes.c_size_t()
         _native().llama_vq_server_call_body(self._h, ctypes.byref(data), ctypes.byref(size))
-        return ctypes.string_at(data.value, size.value) if size.value else b""
+        return ctypes.string_at(data.value, size.value) if size.value and data.value else b""
 
     def next(self) -> tuple[bytes, bool]:
         """The stream's next chunk (may be empty) and whether more may follow. Blocks."""
         data, size = ctypes.c_void_p(), ctypes.c_size_t()
         more = _native().llama_vq_server_call_next(self._h, ctypes.byref(data), ctypes.byref(size))
-        return (ctypes.string_at(data.value, size.value) if size.value else b""), bool(more)
+        return (ctypes.string_at(data.value, size.value) if size.value and data.value else b""), bool(more)
 
     def cancel(self) -> None:
         with self._lock:
