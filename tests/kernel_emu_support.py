@@ -66,7 +66,7 @@ def kernels_parts(tmp: Path, mutate: dict[str, tuple[str, str]] | None = None) -
             "static __device__ void cpy_blck_f32_q4_0",
         ),
         "MMVQ_INC": cut(
-            kernel_source("mmvq-short.cu"), "#define MMVQ_SHORT_NTHREADS", "static bool mmvq_short_type_supported"
+            kernel_source("mmvq-short.cu"), "#define MMVQ_SHORT_NTHREADS", "bool ggml_cuda_should_use_mmvq_short"
         ),
         "OUTPROD_INC": cut(
             kernel_source("out-prod-q.cu"), "#define OUT_PROD_Q_NTHREADS", "static void out_prod_q_combine_cuda"

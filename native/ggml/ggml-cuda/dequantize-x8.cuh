@@ -166,6 +166,22 @@ static void dequantize_x8_rows_cuda(
     CUDA_CHECK(cudaGetLastError());
 }
 
+// llama-vq: the types dequantize_x8_rows_cuda takes; the short-row K*Q and the quantized OUT_PROD take exactly these
+// (their kernels and GEMM paths dequantize through this file)
+static bool dequantize_x8_type_supported(const ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_IQ4_NL:
+            return true;
+        default:
+            return false;
+    }
+}
+
 // F32 tensor with strides (in elements) s0..s3 -> T, contiguous [ne0, ne1, ne2, ne3]; dim 0 is the fastest in y
 template <typename T>
 static __global__ void copy_strided_f32(

@@ -175,17 +175,7 @@ static void out_prod_q_combine_cuda(const float * tmp, float * dst, const int64_
 }
 
 bool ggml_cuda_out_prod_q_supported(const ggml_tensor * src0) {
-    switch (src0->type) {
-        case GGML_TYPE_Q4_0:
-        case GGML_TYPE_Q4_1:
-        case GGML_TYPE_Q5_0:
-        case GGML_TYPE_Q5_1:
-        case GGML_TYPE_Q8_0:
-        case GGML_TYPE_IQ4_NL:
-            return src0->nb[0] == ggml_type_size(src0->type);
-        default:
-            return false;
-    }
+    return dequantize_x8_type_supported(src0->type) && src0->nb[0] == ggml_type_size(src0->type);
 }
 
 // llama-vq: on NVIDIA the vector kernel takes up to OUT_PROD_Q_MID_COLS columns at any V length, and up to
