@@ -1,5 +1,5 @@
-# Sourced by the scripts that run on a GPU machine (cuda_device.sh, serve_device.sh and the device scripts of
-# investigations/):
+# Sourced by the scripts that run on a GPU machine (cuda_device.sh, serve_device.sh, gpu_session.sh and
+# investigations/hip_proxy.sh, investigations/fused_attn_check.sh):
 # the carried folder, the output folder, the environment, and the synthetic models and tools they share.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 C=${CARRY:-$here/.bench-carry}
@@ -105,7 +105,7 @@ build_project() {
     cp "$B/_build_config.json" "$here/llama_vq/"
 }
 
-# engine_build LABEL FILE [TARGETS...]: how the engine scripts (profile_device, stall_device, serve_device) start:
+# engine_build LABEL FILE [TARGETS...]: how serve_device.sh starts:
 # device_log LABEL FILE, the MiMo-shaped model (attn preset) generated in the background, the server's Python (PY),
 # and our project built in B (BUILD_DIR, default /tmp/serve-build) with TARGETS
 engine_build() {

@@ -15,6 +15,12 @@
 #   4. fidelity (docs/architecture.md, decision 8): KL divergence from f16/f16 (FA off) of quantized K/V with FA off
 #      (llama-vq's path) and with FA on (upstream's reference path, FA_ON=1) and the FA on/off f16 floor, on KL_MODEL
 #      (default SmolLM2: real weights), 512-token chunks of llama.cpp's own docs
+#   5. two GPUs (opt-in, for a host with two MI210s: STEPS="2 3 4 5"; ~5 min): benchmarks/two_gpu.py on the MiMo-shaped
+#      model, the deployment's layer split (-sm layer -ts 1,1) against one GPU (-sm none): q8_0 K / q4_1 V with FA off
+#      and in the default mode (prefill), also with the experts in CPU memory (-ot exps=CPU); greedy text against the
+#      f16 floor, decode and prefill at depth 0 and 64K, each GPU's KV and compute buffers, llama-vq-server on the
+#      split (chat, stream, --state-dir across a restart, -sm row refused); its tables into the report, everything in
+#      OUT/two-gpu. TWO_GPUS (0,1): the two GPUs' indices; TWO_GPU_ARGS: more two_gpu.py arguments
 # Env: GPU_TARGETS (gfx90a), HIP_VISIBLE_DEVICES (0: one GPU), REPS (llama-bench repetitions, 2), TG (decode tokens,
 #   64), DEPTHS_8B (0,8192,32768), DEPTHS_MIMO (0,65536), PAIRS_8B ("f16,f16 q4_0,q4_0 q8_0,q8_0": K,V pairs, f16
 #   first), PAIRS_MIMO ("f16,f16 q4_0,q4_0 q8_0,q4_1"), KL_MODEL, KL_CHUNKS (8), STEPS ("2 3 4"), DEADLINE (s after
@@ -88,10 +94,15 @@ gen() {
     ( nice -n 5 "$py" tools/synth_models.py "$@" "$models/tmp-$name.gguf" --tokenizer-from "$vocab" \
         > "$OUT/gen-$name.log" 2>&1 && mv "$models/tmp-$name.gguf" "$models/synth-$name.gguf" ) &
 }
-if [[ $steps == *" 3 "* ]]; then
-    gen llama8b llama --preset llama-3.1-8b
-    gen mimo mimo --preset attn
-fi
+[[ $steps == *" 3 "* ]] && gen llama8b llama --preset llama-3.1-8b
+[[ $steps == *" 3 "* || $steps == *" 5 "* ]] && gen mimo mimo --preset attn
+# generated NAME: whether gen's model NAME is complete (waits for it; logs and returns 1 if its generation failed)
+generated() {
+    while [ ! -f "$models/synth-$1.gguf" ]; do
+        if ! pgrep -f "tmp-$1.gguf" > /dev/null; then log "model $1: generation failed"; cat "$OUT/gen-$1.log"; return 1; fi
+        sleep 2
+    done
+}
 
 if [[ $steps == *" 2 "* ]]; then
     log "2. test-backend-ops on $dev against the CPU"
@@ -145,10 +156,7 @@ if [[ $steps == *" 3 "* ]]; then
     log "3. speed: llama-bench, FA off, tg${TG:-64} and pp512, ratios to f16/f16"
     jsonl=$OUT/bench.jsonl
     for model in llama8b mimo; do
-        while [ ! -f "$models/synth-$model.gguf" ]; do
-            if ! pgrep -f "tmp-$model.gguf" > /dev/null; then log "model $model: generation failed"; cat "$OUT/gen-$model.log"; fail=1; continue 2; fi
-            sleep 2
-        done
+        generated "$model" || { fail=1; continue; }
         if [ "$model" = mimo ]; then depths=${DEPTHS_MIMO:-0,65536}; pairs=${PAIRS_MIMO:-f16,f16 q4_0,q4_0 q8_0,q4_1}
         else depths=${DEPTHS_8B:-0,8192,32768}; pairs=${PAIRS_8B:-f16,f16 q4_0,q4_0 q8_0,q8_0}; fi
         for cfg in default separate; do
@@ -204,6 +212,23 @@ if [[ $steps == *" 4 "* ]]; then
             [ "$fa_on" = 1 ] && ppl "$1-$2-fa-on" -fa on -ctk "$1" -ctv "$2" --kl-divergence-base "$base" --kl-divergence
         done
         rm -f "$base"
+    fi
+fi
+if [[ $steps == *" 5 "* ]]; then
+    log "5. two GPUs (${TWO_GPUS:-0,1}): MiMo's layer split against one GPU (benchmarks/two_gpu.py)"
+    if generated mimo; then
+        # the HIP path is what runs here (or PROXY=cuda exported its settings above): no separate hip part; no floor
+        # without flash attention's kernels (then greedy agreement is judged identical or not)
+        parts=floor,main,server,cpumoe
+        [ "$fa_on" = 1 ] || parts=main,server,cpumoe
+        CUDA_VISIBLE_DEVICES=${TWO_GPUS:-0,1} HIP_VISIBLE_DEVICES=${TWO_GPUS:-0,1} "$py" benchmarks/two_gpu.py \
+            --bin "$bin" --model "$models/synth-mimo.gguf" --out "$OUT/two-gpu" --py "$py" --parts "$parts" \
+            --deadline 0 ${TWO_GPU_ARGS:-} > "$OUT/two-gpu.log" 2>&1 || fail=1
+        if [ -f "$OUT/two-gpu/two_gpu.md" ]; then cat "$OUT/two-gpu/two_gpu.md" >> "$report"
+        else log "two_gpu.py wrote no report: $(tail -3 "$OUT/two-gpu.log" | tr '\n' ' ')"; fail=1; fi
+        tail -1 "$OUT/two-gpu.log" | tee -a "$report"
+    else
+        fail=1
     fi
 fi
 [ "$fail" = 0 ] && log "done: $OUT" || log "done with failures: $OUT"

@@ -2,20 +2,26 @@
 """llama-vq-server against llama.cpp's own llama-server (built from the same patched tree), side by side.
 
     python benchmarks/serve_bench.py build --llama-vq                    # llama-server, once (nice'd):
-        # from our own CMake project (LLAMA_VQ_BUILD_SERVER=ON) in build/server-bench, beside the pip build
+        # llama.cpp's llama-server target of our own CMake project in build/server-bench, beside the pip build
         # dir, with its compilers and flags: every object but the server's is a ccache hit
     python benchmarks/serve_bench.py build --dir build-server            # or standalone from the patched tree
-    python benchmarks/serve_bench.py throughput --llama-server build-server/build/bin/llama-server \\
-        --model M.gguf --out bench-out [--clients 1,2,4,8] [--threads 1] [--extra ARGS]
+    python benchmarks/serve_bench.py throughput --llama-server build/server-bench/bin/llama-server \\
+        --model M.gguf --out bench-out [--clients 1,2,4,8] [--rounds 3] [--threads all] [--extra ARGS]
     python benchmarks/serve_bench.py agent --model mimo.gguf --state-dir DIR --out bench-out \\
         [--llama-server BIN]
-    python benchmarks/serve_bench.py summary RUN.json [RUN.json ...]   # medians over runs (serve_device.sh MATRIX)
+    python benchmarks/serve_bench.py summary RUN.json [RUN.json ...]   # medians over runs and rounds
     python benchmarks/serve_bench.py latency --model M.gguf --llama-server BIN [--rounds 3]
 
-throughput: both servers with the same flags (-np = the largest client count, q8_0 K / q4_0 V, flash
-attention off by default), N concurrent streaming clients each sending --requests completions of
---max-tokens tokens; aggregate generated tok/s (completion tokens of all requests / wall time) and TTFT
-p50/p99 (request sent -> first streamed text), per server and client count.
+throughput: both servers up at once with the same flags (-np = the largest client count, q8_0 K / q4_0 V, flash
+attention off, -t = every core by default), then --rounds rounds; in each, N concurrent streaming clients each
+send --requests completions of --max-tokens tokens to one server while the other idles, for every client count
+and server in turn (the servers' order reversed every other round). Per row: aggregate generated tok/s
+(completion tokens of all requests / wall time), TTFT p50/p99 (request sent -> first streamed text), the
+server's RSS, and its compute threads (the -t threads that used the most CPU in the round, from
+/proc/PID/task/*): voluntary context switches per generated token each, and the share of the wall time they ran;
+and the CPU seconds of the machine's other processes meanwhile (a disturbed row shows).
+Then the ratio llama-vq-server / llama-server per client count, as the median of the rounds' paired ratios (a
+round in which other processes used more than 3 % of the machine is left out, and counted).
 
 agent: a 20-turn agent conversation replayed against a sliding-window model (the MiMo-shaped synthetic
 model: tools/synth_models.py mimo OUT --preset tiny here, attn on a GPU): a long system prompt, then per
@@ -24,8 +30,9 @@ assistant turn re-rendered (thinking stripped, tool arguments re-serialized), a 
 user message, as agent clients send it. Reports cached_tokens / prompt_tokens per turn; turns
 --restart-at.. run after a restart of the server with --state-dir.
 
-Writes results.json and results.md into --out. The GPU machine runs the same commands with
---extra '-ngl 999' (and a GPU-built llama-server).
+Writes throughput.json / agent.json / latency.json and the .md of each into --out. The GPU machine runs the same
+commands with --extra '-ngl 999' (and a GPU-built llama-server): benchmarks/serve_device.sh, and
+benchmarks/cpu_experts.sh for the MiMo shape with its routed experts on the CPU.
 """
 
 from __future__ import annotations
@@ -48,8 +55,14 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_build import cmd_build  # noqa: E402  (the build subcommand lives beside this file)
-from serve_process import Server  # noqa: E402  (the server processes)
-from serve_report import markdown, summary  # noqa: E402  (the tables)
+from serve_process import (  # noqa: E402  (the server processes)
+    Server,
+    compute_threads,
+    machine_busy_s,
+    ours_cmd,
+    process_cpu_s,
+)
+from serve_report import DISTURBED, markdown, summary  # noqa: E402  (the tables)
 
 
 def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list[str]) -> list[str]:
@@ -72,7 +85,7 @@ def server_cmd(kind: str, args: argparse.Namespace, n_parallel: int, extra: list
     ]
     # the same flags for both: llama-vq-server parses them with llama-server's own parser
     if kind == "ours":
-        return [args.python or sys.executable, "-m", "llama_vq.server.cli", *common, "--no-webui"]
+        return [*ours_cmd(args.python or sys.executable), *common, "--no-webui"]
     return [str(args.llama_server), *common, "--no-webui"]
 
 
@@ -194,39 +207,98 @@ def start_spies(srv: Server, args: argparse.Namespace, n: int) -> list[subproces
     ]
 
 
+def _threads_arg(value: str) -> int:
+    """--threads: a number, or "all" (every core this process may run on, as an operator gives -t)."""
+    return len(os.sched_getaffinity(0)) if value == "all" else int(value)
+
+
+def measure_round(servers: dict[str, Server], kind: str, n: int, rnd: int, args: argparse.Namespace,
+                  label: str) -> dict[str, Any]:
+    """One round of n streaming clients against servers[kind], the other servers idle: the clients' figures, the
+    server's memory, what its compute threads did (serve_process.compute_threads) and the CPU seconds the idle
+    servers used meanwhile (they share the cores: an idle server that spins would slow the measured one)."""
+    global ON_STALL
+    srv = servers[kind]
+    ON_STALL = srv.snapshot if kind == "ours" else (lambda: None)
+    spies = start_spies(srv, args, n) if kind == "ours" and rnd == 0 else []
+    cpu0 = {k: process_cpu_s(s.proc.pid) for k, s in servers.items()}
+    machine0, own0 = machine_busy_s(), time.process_time()
+    before = srv.threads()
+    res = run_clients(srv.url, n, args.requests, args.max_tokens, args.context_words)
+    after = srv.threads()
+    cpu = {k: process_cpu_s(servers[k].proc.pid) - v for k, v in cpu0.items()}
+    row = {"server": kind, "label": label, "round": rnd, **res}
+    row.update(compute_threads(before, after, args.threads, res["wall_s"], res["tokens"]))
+    row["idle_servers_cpu_s"] = sum(v for k, v in cpu.items() if k != kind)
+    # what else ran on the machine meanwhile (another process's build): CPU seconds of neither the servers nor
+    # this process (the clients), a row to distrust when it is a fair share of threads x wall
+    row["others_cpu_s"] = machine_busy_s() - machine0 - sum(cpu.values()) - (time.process_time() - own0)
+    row.update({f"{k}_mib": v for k, v in srv.memory_mib().items()})
+    for sp in spies:
+        sp.wait()
+    print(
+        f"[throughput] round {rnd} {kind:12s} clients {n}: {row['tok_s']:.1f} tok/s, TTFT p50 "
+        f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms, "
+        f"RSS {row.get('vmrss_mib', 0):.0f} MiB (peak {row.get('vmhwm_mib', 0):.0f}), "
+        f"{args.threads} compute threads {row['busy'] * 100:.0f} % busy, "
+        f"{row['vcsw_per_token']:.2f} voluntary switches per token each; "
+        f"other processes {row['others_cpu_s']:.1f} CPU s"
+        + (f", {row['failed']} FAILED: {row['errors']}" if row["failed"] else ""),
+        flush=True,
+    )
+    return row
+
+
+def wait_quiet(servers: dict[str, Server], limit_s: float) -> float:
+    """On a shared machine: until the other processes (neither the servers nor this one) used at most DISTURBED of
+    the machine's CPUs over 3 s, for at most limit_s seconds; the seconds waited."""
+    t0 = time.monotonic()
+    n_cpus = os.cpu_count() or 1
+    while True:
+        m0, own0 = machine_busy_s(), time.process_time()
+        cpu0 = sum(process_cpu_s(s.proc.pid) for s in servers.values())
+        time.sleep(3)  # the sampling window
+        cpu = sum(process_cpu_s(s.proc.pid) for s in servers.values()) - cpu0
+        others = machine_busy_s() - m0 - cpu - (time.process_time() - own0)
+        waited = time.monotonic() - t0
+        if others <= DISTURBED * n_cpus * 3 or waited >= limit_s:
+            return waited
+
+
 def cmd_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """Every server up at once (the same flags), then --rounds rounds: in each, every client count against each
+    server in turn, the order of the servers reversed every other round, so that a drift of the machine (another
+    process's build, a clock change) reaches both alike and each ratio pairs two runs seconds apart."""
     counts = [int(x) for x in args.clients.split(",")]
     kinds = ["ours"] + (["llama-server"] if args.llama_server else [])
     if args.only_llama_server:
         if not args.llama_server:
             raise SystemExit("--only-llama-server needs --llama-server")
         kinds = ["llama-server"]
-    out: dict[str, Any] = {"label": args.label, "rows": []}
-    for kind in kinds:
-        srv = Server(kind, server_cmd(kind, args, max(counts), shlex.split(args.extra)), args.out / f"{kind}.log")
-        global ON_STALL
-        ON_STALL = srv.snapshot if kind == "ours" else (lambda: None)
-        try:
-            one_stream(srv.url, PROMPTS[0], 4)  # warm-up
+    out: dict[str, Any] = {"label": args.label, "threads": args.threads, "rounds": args.rounds, "rows": []}
+    servers: dict[str, Server] = {}
+    try:
+        for kind in kinds:
+            cmd = server_cmd(kind, args, max(counts), shlex.split(args.extra))
+            servers[kind] = Server(kind, cmd, args.out / f"{kind}.log")
+        for kind, srv in servers.items():
+            # warm-up, not recorded: one request per client at the largest count, so that the first round does not
+            # pay for the first graphs and for faulting in the weights (experts a short prompt never routes to)
+            w = run_clients(srv.url, max(counts), 1, args.max_tokens, args.context_words)
+            print(f"[throughput] warm-up {kind}: {w['tok_s']:.1f} tok/s", flush=True)
+        for rnd in range(args.rounds):
             for n in counts:
-                spies = start_spies(srv, args, n) if kind == "ours" else []
-                row = {
-                    "server": kind,
-                    "label": args.label if args.label and len(kinds) == 1 else kind,
-                    **run_clients(srv.url, n, args.requests, args.max_tokens, args.context_words),
-                }
-                row.update({f"{k}_mib": v for k, v in srv.memory_mib().items()})
-                for sp in spies:
-                    sp.wait()
-                print(
-                    f"[throughput] {kind:12s} clients {n}: {row['tok_s']:.1f} tok/s, TTFT p50 "
-                    f"{row['ttft_p50_s'] * 1e3:.0f} ms p99 {row['ttft_p99_s'] * 1e3:.0f} ms, "
-                    f"RSS {row.get('vmrss_mib', 0):.0f} MiB (peak {row.get('vmhwm_mib', 0):.0f})"
-                    + (f", {row['failed']} FAILED: {row['errors']}" if row["failed"] else ""),
-                    flush=True,
-                )
-                out["rows"].append(row)
-        finally:
+                if args.wait_quiet > 0:
+                    waited = wait_quiet(servers, args.wait_quiet)
+                    if waited > 3.5:
+                        print(f"[throughput] waited {waited:.0f} s for the other processes to quieten", flush=True)
+                for kind in kinds if rnd % 2 == 0 else kinds[::-1]:
+                    label = args.label if args.label and len(kinds) == 1 else kind
+                    out["rows"].append(measure_round(servers, kind, n, rnd, args, label))
+                    # the rows so far, should the run be cut short
+                    (args.out / "throughput.partial.json").write_text(json.dumps(out, indent=1))
+    finally:
+        for kind, srv in servers.items():
             srv.stop(dump=any(r.get("failed") for r in out["rows"] if r["server"] == kind))
     return out
 
@@ -377,7 +449,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--model", type=Path, required=True)
         q.add_argument("--llama-server", type=Path, help="also run llama.cpp's llama-server (same flags)")
         q.add_argument("--out", type=Path, default=Path("serve-bench-out"))
-        q.add_argument("--threads", type=int, default=1)
+        q.add_argument("--threads", type=_threads_arg, default="all",
+                       help="both servers' -t: a number or 'all' (default: every core this process may use)")
         q.add_argument("--ctk", default="q8_0")
         q.add_argument("--ctv", default="q4_0")
         q.add_argument("--fa", default="off")
@@ -399,6 +472,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--spy-seconds", type=int, default=6)
     t.add_argument("--only-llama-server", action="store_true", help="llama-server alone (needs --llama-server)")
     t.add_argument("--label", default="", help="the rows' name in `summary` (default: the server)")
+    t.add_argument("--rounds", type=int, default=1, help="rounds of every client count on every server (medians)")
+    t.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                   help="a shared machine: before each client count of a round, wait up to S s for the other "
+                   "processes to use at most 3 %% of the CPUs (the rows still record what they used)")
     m = sub.add_parser("summary", help="medians over several throughput runs (serve_device.sh MATRIX)")
     m.add_argument("files", nargs="+", type=Path, help="throughput.json files (one per run) or matrix.json files")
     m.add_argument("--ratio-clients", type=int, default=4)

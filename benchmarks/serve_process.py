@@ -1,6 +1,7 @@
 """The server processes the serving benchmarks start (serve_bench.py, spec_replay.py): a free 127.0.0.1 port,
-readiness polled on GET /health against a deadline, and serve_bench's Server (ours or llama-server, with a snapshot of
-its slots and counters for a stalled run)."""
+readiness polled on GET /health against a deadline, the command that runs llama-vq-server, and serve_bench's Server
+(ours or llama-server: its memory, its threads' CPU time and context switches, a snapshot of its slots and counters
+for a stalled run)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ import time
 from pathlib import Path
 
 import httpx
+
+# llama-vq-server as a module of the installed package: the one place that names it
+SERVER_MODULE = "llama_vq.server.cli"
+
+
+def ours_cmd(python: str) -> list[str]:
+    """The command that runs llama-vq-server with ``python`` (llama-server's flags follow it)."""
+    return [python, "-m", SERVER_MODULE]
 
 
 def free_port() -> int:
@@ -56,6 +65,23 @@ class Server:
         self.proc = subprocess.Popen(full, stdout=self._f, stderr=subprocess.STDOUT, env=env)
         wait_healthy(self.proc, self.url, 600, f"{kind}; see {log}")
 
+    def memory_mib(self) -> dict[str, float]:
+        """The process's resident memory now and at its peak (VmRSS, VmHWM), MiB: for llama-vq-server that is the
+        Python front end and the engine together, for llama-server the engine alone."""
+        out = {}
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key.lower()] = int(value.split()[0]) / 1024
+        except OSError:
+            pass
+        return out
+
+    def threads(self) -> dict[str, tuple[int, int]]:
+        """Per thread of the process now: (CPU time in clock ticks, voluntary context switches)."""
+        return thread_counters(self.proc.pid)
+
     def snapshot(self) -> None:
         """Into the log, once: GET /slots twice, 2 s apart (does anything still move?), and the decode counters."""
         with self._snap_lock:
@@ -94,3 +120,50 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self._f.close()
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_counters(pid: int) -> dict[str, tuple[int, int]]:
+    """Per thread of pid: (utime + stime in clock ticks, voluntary_ctxt_switches), from /proc/PID/task/*."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            status = (task / "status").read_text().splitlines()
+        except OSError:  # the thread ended meanwhile
+            continue
+        vcsw = next(int(ln.split()[1]) for ln in status if ln.startswith("voluntary_ctxt_switches"))
+        out[task.name] = (int(fields[11]) + int(fields[12]), vcsw)
+    return out
+
+
+def compute_threads(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], n: int,
+                    wall_s: float, tokens: int) -> dict[str, float]:
+    """What the ``n`` compute threads (the -t threads: those that used the most CPU between the two
+    thread_counters readings) did over ``wall_s`` seconds in which ``tokens`` tokens were generated: voluntary
+    context switches per generated token per thread (their mean, and the largest), the share of the wall time
+    they were on a CPU (mean over them), and the CPU seconds of the process's other threads (HTTP, Python)."""
+    deltas = sorted(((a[0] - before.get(t, (0, 0))[0], a[1] - before.get(t, (0, 0))[1]) for t, a in after.items()),
+                    reverse=True)
+    top, rest = deltas[:n], deltas[n:]
+    per_tok = [v / max(tokens, 1) for _, v in top]
+    return {
+        "vcsw_per_token": sum(per_tok) / len(top) if top else float("nan"),
+        "vcsw_per_token_max": max(per_tok, default=float("nan")),
+        "busy": sum(c for c, _ in top) / CLK_TCK / wall_s / len(top) if top and wall_s > 0 else float("nan"),
+        "other_threads_cpu_s": sum(c for c, _ in rest) / CLK_TCK,
+    }
+
+
+def process_cpu_s(pid: int) -> float:
+    """The process's CPU time so far (all threads, utime + stime), seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy so far (every CPU: user, nice, system, irq, softirq, steal)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return (f[0] + f[1] + f[2] + f[5] + f[6] + f[7]) / CLK_TCK

@@ -1,4 +1,4 @@
-"""The throughput prompts of serve_bench.py, and the long per-client history its --context-words puts before them."""
+"""The throughput prompts of serve_bench.py, and the long per-client history of its --context-words."""
 
 PROMPTS = [
     "Once upon a time, in a small village by the sea, there lived",

@@ -1,4 +1,5 @@
-"""Shared fixtures: the built library, the SmolLM2 model, the Qwen coder model, free ports.
+"""Shared fixtures: the built library, the SmolLM2 model, the Qwen coder model, llama-server from the same tree,
+free ports.
 
 Tests import the real package (``import llama_vq``), which binds llama_cpp to llama_vq's own
 native build. Nothing is mocked.
@@ -49,6 +50,23 @@ def mimo_path(tmp_path_factory, smollm2_path) -> Path:
         sys.path.remove(str(ROOT / "tools"))
     path = tmp_path_factory.mktemp("mimo") / "mimo-tiny.gguf"
     return synth_models.write_mimo_like(path, preset="tiny", tokenizer_from=smollm2_path, seed=7)
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin(llama_vq) -> Path:
+    """llama.cpp's own llama-server from the same patched tree and flags as the installed llama-vq
+    (`benchmarks/serve_bench.py build --llama-vq`: our CMake project's llama-server target in build/server-bench,
+    nice'd; every object it shares with the pip build is a ccache hit, so a rebuild takes seconds, a first build
+    on a fresh 2-core machine a few minutes)."""
+    import json
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "build", "--llama-vq"],
+                       capture_output=True, text=True, timeout=3600, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    binary = Path(json.loads(r.stdout.strip().splitlines()[-1])["llama_server"])
+    assert binary.is_file(), binary
+    return binary
 
 
 @pytest.fixture(scope="session")

@@ -66,3 +66,28 @@ def test_fidelity_step_runs_end_to_end_on_the_cpu_tools(tmp_path):
     for pair in ("q8_0-q8_0", "q4_0-q4_0", "q8_0-q4_1", "q8_0-q4_0"):
         assert f"{pair}-fa-off: Mean    KLD:" in report, report
     assert "done: " in report and "failures" not in report
+
+
+@pytest.mark.slow
+def test_two_gpu_step_runs_end_to_end_on_two_rpc_devices(tmp_path, mimo_path):
+    # step 5 as a two-MI210 host runs it, on the CPU build's tools: two local ggml-rpc-server processes are the two
+    # devices, the tiny MiMo-shaped model stands in for the attention-shaped one (TWO_GPU_ARGS: two_gpu.py's dry run)
+    from llama_vq._binding import BIN_DIR
+
+    if not (BIN_DIR / "ggml-rpc-server").exists():
+        pytest.skip("built without the tools (LLAMA_VQ_BUILD_TOOLS=ON)")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "synth-mimo.gguf").symlink_to(mimo_path)
+    out = tmp_path / "out"
+    r = subprocess.run(
+        ["bash", str(SCRIPT), str(out)],
+        env=_env(PROXY="cuda", DEV="CPU", BIN=str(BIN_DIR), STEPS="5", MODEL_DIR=str(models),
+                 TWO_GPU_ARGS="--dry-run --rpc 2"),
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )
+    report = (out / "mi210.txt").read_text()
+    assert r.returncode == 0, report + r.stderr[-3000:]
+    assert "5. two GPUs (0,1)" in report and "| off: 1 device -> 2 devices |" in report, report
+    assert "| -sm row refused by llama-vq-server | ok |" in report and "every check passed" in report
+    assert "done: " in report and "failures" not in report

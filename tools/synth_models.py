@@ -29,7 +29,7 @@ The vocabulary can be padded with unused tokens to a model's real size
 
 CLI::
 
-    python tools/synth_models.py mimo OUT.gguf --preset tiny|tiny-mtp|attn [--mtp N] [--mtp-head random|echo]
+    python tools/synth_models.py mimo OUT.gguf --preset tiny|tiny-mtp|attn|cpu-moe [--mtp N] [--mtp-head random|echo]
         [--tokenizer-from GGUF]
     python tools/synth_models.py llama OUT.gguf --preset tiny|llama-3.1-8b [--tokenizer-from GGUF]
     python tools/synth_models.py vocab-only SRC.gguf OUT.gguf
@@ -137,6 +137,11 @@ MIMO_PRESETS: dict[str, dict] = {
         n_mtp=0,
     ),
 }
+# the attention shape with routed experts big enough that, kept in CPU memory (-ot exps=CPU), they are most of a
+# decoded token's time, as in the MiMo-V2-Flash deployment (256 experts of 2048, 8 used): 64 experts of 512, 8
+# used, Q8_0, in the 47 MoE layers: 20.1 GB of experts (53.5 MB read per layer and token at one client), 25.3 GB
+# in all (benchmarks/cpu_experts.sh)
+MIMO_PRESETS["cpu-moe"] = {**MIMO_PRESETS["attn"], "n_expert": 64, "n_expert_used": 8, "n_ff_exp": 512}
 
 
 def mimo_swa_pattern(n_layer: int, full_every: int = 6) -> list[int]:
@@ -174,8 +179,9 @@ def write_mimo_like(
 ) -> Path:
     """Write a random-weight GGUF of arch ``mimo2`` and return its path.
 
-    ``preset`` is "tiny" (CPU tests), "tiny-mtp" (tiny with one MTP block) or "attn"
-    (MiMo-V2-Flash attention shape, for GPU benchmarks); any preset field can be overridden by
+    ``preset`` is "tiny" (CPU tests), "tiny-mtp" (tiny with one MTP block), "attn"
+    (MiMo-V2-Flash attention shape, for GPU benchmarks) or "cpu-moe" (attn with experts big enough to
+    dominate a token when they stay in CPU memory); any preset field can be overridden by
     keyword (n_embd, n_head, n_head_kv_full, n_head_kv_swa, head_k, head_v, n_rot, n_swa,
     swa_pattern, n_ff, n_expert, n_expert_used, n_ff_exp, weight_type, n_ctx_train, n_vocab,
     n_mtp). ``sinks`` is "swa", "all" or "none" (which layers carry an attention-sink tensor;

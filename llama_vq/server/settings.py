@@ -17,6 +17,15 @@ def _ours(name: str) -> Any:
     """The default of a llama-vq flag, from options.FLAGS."""
     return DEFAULTS[name]
 
+# At the pinned llama.cpp, -sm row needs a backend's split buffer type, which ggml-cuda (CUDA and HIP) and ggml-rpc
+# do not provide (llama-model.cpp then throws while loading); tests/test_server_split_mode.py checks the pinned source
+ROW_SPLIT_REFUSED = (
+    "-sm row (--split-mode row, LLAMA_ARG_SPLIT_MODE=row): the pinned llama.cpp has no row split for CUDA, HIP or "
+    "RPC devices (their backends provide no split buffer), so the model would fail to load with 'device CUDA0 "
+    "does not support split buffers'; use -sm layer -ts A,B to split the layers and their KV cache across the "
+    "GPUs (llama.cpp's default), or -sm none -mg N for one GPU"
+)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -54,6 +63,8 @@ class Settings:
                 except (ValueError, CacheConfigError) as e:
                     raise OptionError(str(e)) from None
         state_dir = Path(str(ours["state_dir"])).expanduser() if ours.get("state_dir") else None
+        if params.get("split_mode") == "row":
+            raise OptionError(ROW_SPLIT_REFUSED)
         if params.get("ssl"):
             raise OptionError(
                 "--ssl-key-file/--ssl-cert-file: llama-vq-server serves plain HTTP; put a TLS proxy "

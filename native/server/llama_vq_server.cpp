@@ -42,6 +42,16 @@ const char * state_name(vq_state s) {
     return "failed";
 }
 
+const char * split_mode_name(llama_split_mode mode) {
+    switch (mode) {
+        case LLAMA_SPLIT_MODE_NONE:   return "none";
+        case LLAMA_SPLIT_MODE_LAYER:  return "layer";
+        case LLAMA_SPLIT_MODE_ROW:    return "row";
+        case LLAMA_SPLIT_MODE_TENSOR: return "tensor";
+    }
+    return "layer";
+}
+
 char * dup_string(const std::string & s) {
     char * out = static_cast<char *>(std::malloc(s.size() + 1));
     if (out != nullptr) {
@@ -231,6 +241,7 @@ char * llama_vq_server_params(const llama_vq_server * srv) {
             {"timeout_write",    p.timeout_write},
             {"n_parallel",       p.n_parallel},
             {"n_ctx",            p.n_ctx},
+            {"split_mode",       split_mode_name(p.split_mode)},
             {"model_path",       p.model.path},
             {"model_alias",      p.model_alias},
             {"slot_save_path",   p.slot_save_path},

@@ -44,8 +44,9 @@ LLAMA_VQ_SERVER_API struct llama_vq_server * llama_vq_server_create(int argc, co
 
 // What the front end needs of the parsed parameters: {"host", "port", "api_prefix", "api_keys": [...],
 // "cors_origins", "cors_methods", "cors_headers", "cors_credentials", "timeout_read", "timeout_write",
-// "n_parallel", "n_ctx", "model_path", "model_alias": [...], "slot_save_path", "sleep_idle_seconds",
-// "endpoint_metrics", "endpoint_slots", "endpoint_props", "ssl", "tools": bool}.
+// "n_parallel", "n_ctx", "split_mode": "none"|"layer"|"row"|"tensor", "model_path", "model_alias": [...],
+// "slot_save_path", "sleep_idle_seconds", "endpoint_metrics", "endpoint_slots", "endpoint_props", "ssl",
+// "tools": bool}.
 LLAMA_VQ_SERVER_API char * llama_vq_server_params(const struct llama_vq_server * srv);
 
 // The routes, in llama-server's registration order: [{"method": "GET"|"POST"|"DELETE", "path": "/slots/:id_slot"}].

@@ -3,6 +3,7 @@
 // ggml_compute_forward_mul_mat calls it after src1 is packed to q8_0, ggml-cpu's CMakeLists.txt lists this file.
 
 #include "llama-vq-kq-short.h"
+#include "llama-vq-op-log.h"
 
 #include "ggml-cpu.h"
 #include "ggml-cpu-impl.h"
@@ -11,30 +12,7 @@
 #include "simd-mappings.h"
 
 #include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-
-// llama-vq: how often the kernel ran (ops, counted once per op), printed to stderr at exit when
-// LLAMA_VQ_CPU_STATS=1, so that a test can tell the kernel's run from upstream's path with the same result (as
-// ggml-cuda's LLAMA_VQ_CUDA_FUSION_STATS). GCC and Clang builds; relaxed atomics: a count, not an ordering.
-#if defined(__GNUC__)
-static int64_t llama_vq_kq_short_runs;
-
-static inline void llama_vq_kq_short_count(void) {
-    __atomic_fetch_add(&llama_vq_kq_short_runs, 1, __ATOMIC_RELAXED);
-}
-
-__attribute__((destructor)) static void llama_vq_cpu_stats_at_exit(void) {
-    const char * env = getenv("LLAMA_VQ_CPU_STATS");
-    if (env != NULL && atoi(env) != 0) {
-        fprintf(stderr, "llama-vq: cpu kernels run: kq_short=%lld\n",
-                (long long) __atomic_load_n(&llama_vq_kq_short_runs, __ATOMIC_RELAXED));
-    }
-}
-#else
-static inline void llama_vq_kq_short_count(void) {}
-#endif
 
 // llama-vq: K*Q with a quantized K cache for decode-sized batches. Upstream computes it as one
 // vec_dot call per (K row, query column): with head-sized rows (2-8 blocks) the call, the unpacking of the
@@ -137,12 +115,12 @@ bool llama_vq_mul_mat_kq_short(const struct ggml_compute_params * params, struct
     const int ith = params->ith;
     const int nth = params->nth;
     const bool q4 = src0->type == GGML_TYPE_Q4_0;
+    if (ith == 0) {
+        static int logged = 0;
+        llama_vq_cpu_op_log_first(&logged, "kq_short", src0->type);
+    }
     const size_t row_size = ggml_row_size(GGML_TYPE_Q8_0, ne10);
     const char * wdata = params->wdata;  // src1 as q8_0 rows, packed by the caller before its barrier
-
-    if (ith == 0) {
-        llama_vq_kq_short_count();
-    }
 
     const int64_t dr  = (ne01 + nth - 1) / nth;
     const int64_t ir0 = dr * ith;

@@ -20,6 +20,7 @@
 #include "ggml-impl.h"
 #include "ggml.h"
 #include "vec.h"
+#include "llama-vq-op-log.h"
 
 #if defined(GGML_USE_LLAMAFILE)
 #include "llamafile/sgemm.h"
@@ -504,6 +505,10 @@ void ggml_compute_forward_out_prod_q_f32(
     const int nth = params->nth;
 
     const ggml_type type = src0->type;
+    if (ith == 0) {
+        static int logged = 0;
+        llama_vq_cpu_op_log_first(&logged, "out_prod", type);
+    }
 
     GGML_ASSERT(ne2  == ne12);
     GGML_ASSERT(ne3  == ne13);

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# A GPU round on a lent machine that cannot fetch anything, in phases that fit one call each (<= 10 minutes):
+# one build, then the measurements only a GPU can make. The machine stays up between calls; phases after the
+# build find its products in /tmp.
+#
+# Here, once:
+#   python3 benchmarks/carry.py .bench-carry                         # patched tree, gguf-py, vocab (~30 MB)
+#   .venv/bin/python benchmarks/pack_python.py .bench-py.tar.xz      # the server's Python (~25 MB)
+# There (carry .bench-carry and .bench-py.tar.xz):
+#   PHASE=build  OUT=<dir> bash benchmarks/gpu_session.sh   # starts the build (CUDA sm_90, FA kernels on, our
+#                                                            # project: libs, tools, llama-server) and the models in
+#                                                            # the background; waits up to WAIT s (default 540)
+#   PHASE=attn1  ...   test-backend-ops of our attention ops; the attention modes on the 8B shape at 0/8K/32K;
+#                      fidelity of the modes on the GPU (SmolLM2, MiMo-tiny)
+#   PHASE=attn2  ...   the attention modes on the MiMo shape at 0/64K and its compute buffers at 128K (ub 512,
+#                      2048); the same with the HIP path's settings (PROXY, as benchmarks/mi210.sh PROXY=cuda)
+#   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
+#                      MoE with its experts in CPU memory, -t = every core, llama-vq-server against llama-server)
+#   PHASE=split  ...   two GPUs: MiMo's layer split against one GPU (benchmarks/two_gpu.py; both GPUs visible)
+# Env: CARRY (.bench-carry), PYPACK (.bench-py.tar.xz), BUILD (/tmp/gpu-build), M (/tmp/models), REPS (2).
+# Everything a phase prints goes to $OUT/<phase>.txt too; the attention tables to $OUT/attn-modes-*.md/.json.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CARRY=${CARRY:-$here/.bench-carry}
+PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
+: "${OUT:?set OUT to the results folder}"
+: "${PHASE:?set PHASE to build, attn1, attn2, serve or split}"
+C=$CARRY
+[ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
+. "$here/benchmarks/device_common.sh"
+B=${BUILD:-/tmp/gpu-build}
+[ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
+bin=$B/bin
+device_log "$PHASE" "$OUT/$PHASE.txt"
+
+# the checkout's llama_vq with the libraries built here, under the packed Python (numpy, llama_cpp, the server)
+use_python() {
+    [ -x /tmp/py/bin/python3 ] || tar xJf "$PYPACK" -C /tmp || exit 1
+    PY=/tmp/py/bin/python3
+    export LD_LIBRARY_PATH=/tmp/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PYTHONPATH=$here
+}
+
+built() { [ -f "$B/.done" ]; }
+
+case "$PHASE" in
+build)
+    nproc
+    gen llama8b llama --preset llama-3.1-8b
+    gen mimo mimo --preset attn
+    gen mimo-tiny mimo --preset tiny
+    gen llama-tiny llama --preset tiny
+    gen cpu-moe mimo --preset cpu-moe
+    if ! built; then
+        use_python
+        setsid bash -c "
+            cmake -S '$here' -B '$B' -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC='$C/llama.cpp' \
+                -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=ON \
+                -DLLAMA_VQ_BUILD_TOOLS=ON -DPython3_EXECUTABLE='$PY' > '$B.log' 2>&1 &&
+            cmake --build '$B' -j $(nproc) --target llama ggml ggml-base ggml-cpu ggml-cuda ggml-rpc llama-common \
+                llama-vq-chat llama-vq-server mtmd llama-bench llama-perplexity test-backend-ops ggml-rpc-server \
+                llama-server llama-completion >> '$B.log' 2>&1 &&
+            mkdir -p '$here/llama_vq/lib' && find '$B' -name 'lib*.so' -not -path '*/CMakeFiles/*' \
+                -exec cp -L {} '$here/llama_vq/lib/' ';' && cp '$B/_build_config.json' '$here/llama_vq/' &&
+            touch '$B/.done'" < /dev/null > /dev/null 2>&1 &
+    fi
+    end=$(( $(date +%s) + ${WAIT:-540} ))
+    while ! built && [ "$(date +%s)" -lt "$end" ]; do
+        if ! pgrep -f "cmake --build $B" > /dev/null && ! pgrep -f "cmake -S $here" > /dev/null && ! built; then
+            log "build failed"; tail -30 "$B.log"; cp "$B.log" "$OUT/build.log"; exit 1
+        fi
+        sleep 5
+    done
+    built && log "built" || log "still building ($(grep -c '^\[' "$B.log") steps logged)"
+    tail -2 "$B.log"; ls "$M"
+    ;;
+attn1)
+    built || { log "not built"; tail -5 "$B.log"; exit 1; }
+    log "test-backend-ops on CUDA0: the split attention, the fused decode attention, OUT_PROD"
+    for op in ATTN_SPLIT ATTN_DECODE_FUSED OUT_PROD; do
+        LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 240 "$bin/test-backend-ops" test -b CUDA0 -o "$op" > "$OUT/tbo-$op.log" 2>&1
+        log "$op: $(grep -E 'tests passed|FAIL' "$OUT/tbo-$op.log" | sort | uniq -c | head -3 | tr '\n' ' ')"
+    done
+    wait_model llama8b
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-llama8b.gguf" --label h200-8b \
+        --ctk q4_0 --ctv q4_0 --depths 0,8192,32768 --reps "${REPS:-2}" --out "$OUT" 2>&1 | tee -a "$OUT/$PHASE.txt"
+    wait_model mimo-tiny
+    use_python
+    log "fidelity of the modes on the GPU"
+    wait_model llama-tiny
+    "$PY" "$here/benchmarks/attn_fidelity.py" --gpu --model "llama-tiny=$M/synth-llama-tiny.gguf" \
+        --model "mimo-tiny=$M/synth-mimo-tiny.gguf" 2>&1 | tee -a "$OUT/$PHASE.txt"
+    ;;
+attn2)
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo \
+        --ctk q8_0 --ctv q4_1 --depths 0,65536 --reps 1 --buffers 131072 --out "$OUT" 2>&1 | tee -a "$OUT/$PHASE.txt"
+    log "the HIP path's settings (PROXY=cuda of mi210.sh): an NVIDIA GPU configured as HIP runs it, not a gfx90a result"
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-hip-proxy \
+        --ctk q8_0 --ctv q4_1 --depths 0,32768 --modes off,prefill,on --reps 1 --out "$OUT" \
+        --env LLAMA_VQ_CUDA_FUSED_ATTN=1 --env LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 --env LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
+        --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
+    ;;
+serve)
+    built || { log "not built"; exit 1; }
+    wait_model cpu-moe
+    use_python
+    OUT=$OUT/serve BIN=$bin PY=$PY BENCH_PY=python3 MODEL="$M/synth-cpu-moe.gguf" CLIENTS=${CLIENTS:-1,4,8} \
+        ROUNDS=${ROUNDS:-3} bash "$here/benchmarks/cpu_experts.sh" 2>&1 | tail -40 | tee -a "$OUT/$PHASE.txt"
+    ;;
+split)
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    use_python
+    nvidia-smi -L
+    BIN=$bin MODEL="$M/synth-mimo.gguf" PY=$PY DEADLINE=${DEADLINE:-250} python3 "$here/benchmarks/two_gpu.py" 2>&1 \
+        | tail -60 | tee -a "$OUT/$PHASE.txt"
+    ;;
+*)
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, serve, split)" >&2; exit 2 ;;
+esac
+log "done"
