@@ -61,8 +61,13 @@ def llama_server_bin(llama_vq) -> Path:
     import json
     import subprocess
 
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "build", "--llama-vq"],
-                       capture_output=True, text=True, timeout=3600, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "build", "--llama-vq"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     binary = Path(json.loads(r.stdout.strip().splitlines()[-1])["llama_server"])
     assert binary.is_file(), binary

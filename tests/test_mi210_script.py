@@ -82,9 +82,18 @@ def test_two_gpu_step_runs_end_to_end_on_two_rpc_devices(tmp_path, mimo_path):
     out = tmp_path / "out"
     r = subprocess.run(
         ["bash", str(SCRIPT), str(out)],
-        env=_env(PROXY="cuda", DEV="CPU", BIN=str(BIN_DIR), STEPS="5", MODEL_DIR=str(models),
-                 TWO_GPU_ARGS="--dry-run --rpc 2"),
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env=_env(
+            PROXY="cuda",
+            DEV="CPU",
+            BIN=str(BIN_DIR),
+            STEPS="5",
+            MODEL_DIR=str(models),
+            TWO_GPU_ARGS="--dry-run --rpc 2",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
     )
     report = (out / "mi210.txt").read_text()
     assert r.returncode == 0, report + r.stderr[-3000:]

@@ -17,6 +17,7 @@ def _ours(name: str) -> Any:
     """The default of a llama-vq flag, from options.FLAGS."""
     return DEFAULTS[name]
 
+
 # At the pinned llama.cpp, -sm row needs a backend's split buffer type, which ggml-cuda (CUDA and HIP) and ggml-rpc
 # do not provide (llama-model.cpp then throws while loading); tests/test_server_split_mode.py checks the pinned source
 ROW_SPLIT_REFUSED = (
