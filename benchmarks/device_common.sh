@@ -1,4 +1,5 @@
-# Sourced by the scripts that run on a GPU machine (cuda_device.sh, hip_proxy.sh, fused_attn_check.sh, serve_device.sh):
+# Sourced by the scripts that run on a GPU machine (cuda_device.sh, serve_device.sh, gpu_session.sh and
+# investigations/hip_proxy.sh, investigations/fused_attn_check.sh):
 # the carried folder, the output folder, the environment, and the synthetic models and tools they share.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 C=${CARRY:-$here/.bench-carry}

@@ -45,13 +45,15 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_process import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
@@ -168,12 +170,6 @@ def default_model() -> str:
         check=True,
     )
     return out.stdout.strip().splitlines()[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare(work: Path, name: str, model: str) -> Path:

@@ -12,11 +12,11 @@ import os
 import sys
 from pathlib import Path
 
+from ._cdll import BIN_DIR, LIB_DIR, SUFFIX
 from .errors import BindingError
 
-LIB_DIR = Path(__file__).resolve().parent / "lib"
-BIN_DIR = Path(__file__).resolve().parent / "bin"
-_LIB_NAME = "libllama.so" if sys.platform != "darwin" else "libllama.dylib"
+__all__ = ["BIN_DIR", "LIB_DIR", "bind"]
+_LIB_NAME = f"libllama{SUFFIX}"
 
 
 def _loaded_library_path() -> Path | None:

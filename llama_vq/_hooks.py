@@ -46,8 +46,9 @@ class _Context(_internals.LlamaContext):
 
 def install() -> None:
     if _internals.LlamaModel is not _Model:
-        _internals.LlamaModel = _Model
-        _internals.LlamaContext = _Context
+        # the hook's whole job: llama_cpp.Llama constructs these two by their module names
+        _internals.LlamaModel = _Model  # type: ignore[misc]
+        _internals.LlamaContext = _Context  # type: ignore[misc]
 
 
 @contextlib.contextmanager

@@ -1,110 +1,106 @@
 """ctypes access to the few native functions llama_cpp does not bind: KV sizes, devices, RPC.
 
-Imported only after _binding.bind(), so the libraries are llama_vq's own.
+libllama is llama_cpp's own CDLL (imported only after _binding.bind(), so it is llama_vq's library); libggml comes
+through _cdll, the loader of our libraries. Each table below is the one place a signature is declared.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import sys
 
 import llama_cpp
 
-from ._binding import LIB_DIR
+from . import _cdll
 
-_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
+_vp, _cp, _sz, _i = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
+_P = ctypes.POINTER
+
+GGML = _cdll.Library(
+    "ggml",
+    {
+        "ggml_backend_dev_count": ([], _sz),
+        "ggml_backend_dev_get": ([_sz], _vp),
+        "ggml_backend_dev_name": ([_vp], _cp),
+        "ggml_backend_dev_type": ([_vp], _i),
+        "ggml_backend_dev_buffer_type": ([_vp], _vp),
+        "ggml_backend_buft_name": ([_vp], _cp),
+        "ggml_backend_reg_by_name": ([_cp], _vp),
+        "ggml_backend_reg_get_proc_address": ([_vp, _cp], _vp),
+        "ggml_backend_register": ([_vp], None),
+    },
+)
+
+# libllama's functions of our patches (a build without a patch lacks its functions: has_* say which are there)
+LLAMA_VQ_FUNCTIONS: _cdll.Signatures = {
+    "llama_kv_cache_size": ([_vp, _P(_sz), _P(_sz), _P(ctypes.c_uint32)], ctypes.c_bool),
+    "llama_vq_set_next_swa_cache_types": ([_i, _i], None),
+    "llama_vq_kv_cache_swa": ([_vp, _P(_i), _P(_i), _P(_sz), _P(_sz)], ctypes.c_bool),
+    "llama_vq_set_attn_scratch": ([_sz], None),
+    "llama_vq_compute_buffer_size": ([_vp], _sz),
+    "llama_vq_flash_attn_type": ([_vp], _i),
+}
+
+
+def _ggml() -> ctypes.CDLL:
+    return _cdll.load(GGML)
 
 
 @functools.cache
-def _ggml() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(LIB_DIR / f"libggml{_SUFFIX}"))
-    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_name.restype = ctypes.c_char_p
-    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_type.restype = ctypes.c_int
-    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
-    lib.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_buft_name.restype = ctypes.c_char_p
-    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
-    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
-    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
-    lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_register.restype = None
+def _llama() -> ctypes.CDLL:
+    lib = llama_cpp.llama_cpp._lib
+    _cdll.declare(lib, {n: sig for n, sig in LLAMA_VQ_FUNCTIONS.items() if hasattr(lib, n)})
     return lib
 
 
 def has_kv_cache_size() -> bool:
-    return hasattr(llama_cpp.llama_cpp._lib, "llama_kv_cache_size")
+    return hasattr(_llama(), "llama_kv_cache_size")
 
 
 def kv_cache_size(ctx: int) -> tuple[int, int, int] | None:
     """(bytes of K, bytes of V, cells) from llama_kv_cache_size(); None when memory is not a KV cache."""
-    fn = llama_cpp.llama_cpp._lib.llama_kv_cache_size
-    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t),
-                   ctypes.POINTER(ctypes.c_uint32)]
-    fn.restype = ctypes.c_bool
     k, v, n = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_uint32()
-    if not fn(ctypes.c_void_p(ctx), ctypes.byref(k), ctypes.byref(v), ctypes.byref(n)):
+    if not _llama().llama_kv_cache_size(ctypes.c_void_p(ctx), ctypes.byref(k), ctypes.byref(v), ctypes.byref(n)):
         return None
     return k.value, v.value, n.value
 
 
 def has_swa_cache_types() -> bool:
-    return hasattr(llama_cpp.llama_cpp._lib, "llama_vq_set_next_swa_cache_types")
+    return hasattr(_llama(), "llama_vq_set_next_swa_cache_types")
 
 
 def set_next_swa_cache_types(type_k: int, type_v: int) -> None:
     """Cache types of an iSWA model's sliding-window layers for the next context created on this thread."""
-    fn = llama_cpp.llama_cpp._lib.llama_vq_set_next_swa_cache_types
-    fn.argtypes = [ctypes.c_int, ctypes.c_int]
-    fn.restype = None
-    fn(type_k, type_v)
+    _llama().llama_vq_set_next_swa_cache_types(type_k, type_v)
 
 
 def kv_cache_swa(ctx: int) -> tuple[int, int, int, int] | None:
     """(type of K, type of V, bytes of K, bytes of V) of the sliding-window layers' cache; None if not iSWA."""
-    fn = llama_cpp.llama_cpp._lib.llama_vq_kv_cache_swa
-    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
-                   ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-    fn.restype = ctypes.c_bool
     tk, tv, k, v = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t(), ctypes.c_size_t()
-    if not fn(ctypes.c_void_p(ctx), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(k), ctypes.byref(v)):
+    if not _llama().llama_vq_kv_cache_swa(
+        ctypes.c_void_p(ctx), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(k), ctypes.byref(v)
+    ):
         return None
     return tk.value, tv.value, k.value, v.value
 
 
 def has_attention_modes() -> bool:
-    return hasattr(llama_cpp.llama_cpp._lib, "llama_vq_flash_attn_type")
+    return hasattr(_llama(), "llama_vq_flash_attn_type")
 
 
 def set_attn_scratch(n_bytes: int) -> None:
     """The scratch budget of the attention without flash attention, for every context created after (process-wide)."""
-    fn = llama_cpp.llama_cpp._lib.llama_vq_set_attn_scratch
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = None
-    fn(n_bytes)
+    _llama().llama_vq_set_attn_scratch(n_bytes)
 
 
 def compute_buffer_size(ctx: int) -> int:
     """Bytes of a context's compute buffers on all its devices."""
-    fn = llama_cpp.llama_cpp._lib.llama_vq_compute_buffer_size
-    fn.argtypes = [ctypes.c_void_p]
-    fn.restype = ctypes.c_size_t
-    return int(fn(ctypes.c_void_p(ctx)))
+    return int(_llama().llama_vq_compute_buffer_size(ctypes.c_void_p(ctx)))
 
 
 def flash_attn_type(ctx: int) -> int:
     """The attention a context runs, "auto" resolved: 1 (flash attention), 0 (without), 2 (prefill mode)."""
-    fn = llama_cpp.llama_cpp._lib.llama_vq_flash_attn_type
-    fn.argtypes = [ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return int(fn(ctypes.c_void_p(ctx)))
+    return int(_llama().llama_vq_flash_attn_type(ctypes.c_void_p(ctx)))
 
 
 def buffer_types() -> dict[str, int]:
@@ -121,8 +117,9 @@ def buffer_types() -> dict[str, int]:
 
 def devices() -> list[str]:
     lib = _ggml()
-    return [lib.ggml_backend_dev_name(lib.ggml_backend_dev_get(i)).decode()
-            for i in range(lib.ggml_backend_dev_count())]
+    return [
+        lib.ggml_backend_dev_name(lib.ggml_backend_dev_get(i)).decode() for i in range(lib.ggml_backend_dev_count())
+    ]
 
 
 def add_rpc_servers(endpoints: list[str]) -> None:

@@ -13,8 +13,15 @@ def _fix_for(head: int) -> str:
     return "use f16 or bf16 (every quantized cache type has 32-element blocks)" if head % 32 else "use f16"
 
 
-def check_cache_config(model_path: str | Path, type_k: CacheType, type_v: CacheType, flash_attn: int,
-                       *, nonfa_quantized_v: bool, names: tuple[str, str] = ("type_k", "type_v")) -> None:
+def check_cache_config(
+    model_path: str | Path,
+    type_k: CacheType,
+    type_v: CacheType,
+    flash_attn: int,
+    *,
+    nonfa_quantized_v: bool,
+    names: tuple[str, str] = ("type_k", "type_v"),
+) -> None:
     """Raise CacheConfigError naming the value, the constraint and the fix.
 
     ``nonfa_quantized_v``: whether the loaded library can run a quantized V without flash attention.
@@ -42,10 +49,15 @@ def check_cache_config(model_path: str | Path, type_k: CacheType, type_v: CacheT
                 )
 
 
-def check_config(model_path: str | Path, *, type_k: str | int | CacheType | None = None,
-                 type_v: str | int | CacheType | None = None, flash_attn: bool | str | int = False,
-                 type_k_swa: str | int | CacheType | None = None,
-                 type_v_swa: str | int | CacheType | None = None) -> None:
+def check_config(
+    model_path: str | Path,
+    *,
+    type_k: str | int | CacheType | None = None,
+    type_v: str | int | CacheType | None = None,
+    flash_attn: bool | str | int = False,
+    type_k_swa: str | int | CacheType | None = None,
+    type_v_swa: str | int | CacheType | None = None,
+) -> None:
     """Check a cache/attention configuration against a model's metadata and this build, loading nothing.
 
     The same checks ``Llama(...)`` runs before any native call (``type_k_swa``/``type_v_swa``: the
@@ -62,5 +74,11 @@ def check_config(model_path: str | Path, *, type_k: str | int | CacheType | None
     tk_swa = tk if type_k_swa is None else parse_cache_type(type_k_swa, param="type_k_swa")
     tv_swa = tv if type_v_swa is None else parse_cache_type(type_v_swa, param="type_v_swa")
     if (tk_swa, tv_swa) != (tk, tv):
-        check_cache_config(model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=build_info().nonfa_quantized_v,
-                           names=("type_k_swa", "type_v_swa"))
+        check_cache_config(
+            model_path,
+            tk_swa,
+            tv_swa,
+            fa,
+            nonfa_quantized_v=build_info().nonfa_quantized_v,
+            names=("type_k_swa", "type_v_swa"),
+        )

@@ -52,9 +52,19 @@ FLASH_ATTN_ON = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
 # LLAMA_FLASH_ATTN_TYPE_PREFILL (llama-vq): flash attention for prompt batches, the attention without it (which reads
 # a quantized V) for decode batches, one cache for both
 FLASH_ATTN_PREFILL = 2
-_FA_NAMES = {"on": FLASH_ATTN_ON, "off": FLASH_ATTN_OFF, "auto": FLASH_ATTN_AUTO, "prefill": FLASH_ATTN_PREFILL,
-             "true": FLASH_ATTN_ON, "false": FLASH_ATTN_OFF, "enabled": FLASH_ATTN_ON,
-             "disabled": FLASH_ATTN_OFF, "1": FLASH_ATTN_ON, "0": FLASH_ATTN_OFF, "2": FLASH_ATTN_PREFILL}
+_FA_NAMES = {
+    "on": FLASH_ATTN_ON,
+    "off": FLASH_ATTN_OFF,
+    "auto": FLASH_ATTN_AUTO,
+    "prefill": FLASH_ATTN_PREFILL,
+    "true": FLASH_ATTN_ON,
+    "false": FLASH_ATTN_OFF,
+    "enabled": FLASH_ATTN_ON,
+    "disabled": FLASH_ATTN_OFF,
+    "1": FLASH_ATTN_ON,
+    "0": FLASH_ATTN_OFF,
+    "2": FLASH_ATTN_PREFILL,
+}
 
 
 def valid_cache_type_names() -> list[str]:
@@ -79,9 +89,7 @@ def parse_cache_type(value: str | int | CacheType, *, param: str = "type") -> Ca
     if isinstance(value, str):
         t = CACHE_TYPES.get(value.strip().lower())
         if t is None:
-            raise CacheConfigError(
-                f"{param}={value!r} is not a KV cache type; valid names: {', '.join(CACHE_TYPES)}"
-            )
+            raise CacheConfigError(f"{param}={value!r} is not a KV cache type; valid names: {', '.join(CACHE_TYPES)}")
         return t
     raise CacheConfigError(f"{param} must be a type name or number, not {type(value).__name__}")
 

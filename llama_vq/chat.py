@@ -21,16 +21,12 @@ import ctypes
 import functools
 import json
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._binding import LIB_DIR
+from . import _cdll
 from .errors import LlamaVQError
-
-_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
-_ABI_VERSION = 1
 
 
 class ChatTemplateError(LlamaVQError, ValueError):
@@ -46,35 +42,32 @@ class ChatTemplateError(LlamaVQError, ValueError):
         self.param = param
 
 
+_vp, _cp, _sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+CHAT = _cdll.Library(
+    "llama-vq-chat",
+    {
+        "llama_vq_chat_abi_version": ([], ctypes.c_int),
+        "llama_vq_chat_templates_init": ([_vp, _cp, ctypes.POINTER(_vp)], _vp),
+        "llama_vq_chat_templates_free": ([_vp], None),
+        "llama_vq_chat_templates_info": ([_vp], _vp),
+        "llama_vq_chat_apply": ([_vp, _cp], _vp),
+        "llama_vq_chat_parse": ([_cp, _cp, _sz, ctypes.c_int], _vp),
+        "llama_vq_chat_stream_new": ([_cp, ctypes.POINTER(_vp)], _vp),
+        "llama_vq_chat_stream_feed": ([_vp, _cp, _sz], _vp),
+        "llama_vq_chat_stream_finish": ([_vp], _vp),
+        "llama_vq_chat_stream_free": ([_vp], None),
+        "llama_vq_chat_builtin_templates": ([], _vp),
+        "llama_vq_chat_string_free": ([_vp], None),
+        "llama_vq_chat_set_log_verbosity": ([ctypes.c_int], None),
+    },
+    abi_function="llama_vq_chat_abi_version",
+    abi_version=1,
+)
+
+
 @functools.cache
 def _lib() -> ctypes.CDLL:
-    path = LIB_DIR / f"libllama-vq-chat{_SUFFIX}"
-    if not path.exists():
-        raise LlamaVQError(f"llama_vq's chat library is missing ({path}): rebuild the package "
-                           "(`scripts/run.sh setup` in a checkout)")
-    lib = ctypes.CDLL(str(path))
-    vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
-    sigs = {
-        "llama_vq_chat_abi_version": ([], ctypes.c_int),
-        "llama_vq_chat_templates_init": ([vp, cp, ctypes.POINTER(vp)], vp),
-        "llama_vq_chat_templates_free": ([vp], None),
-        "llama_vq_chat_templates_info": ([vp], vp),
-        "llama_vq_chat_apply": ([vp, cp], vp),
-        "llama_vq_chat_parse": ([cp, cp, sz, ctypes.c_int], vp),
-        "llama_vq_chat_stream_new": ([cp, ctypes.POINTER(vp)], vp),
-        "llama_vq_chat_stream_feed": ([vp, cp, sz], vp),
-        "llama_vq_chat_stream_finish": ([vp], vp),
-        "llama_vq_chat_stream_free": ([vp], None),
-        "llama_vq_chat_builtin_templates": ([], vp),
-        "llama_vq_chat_string_free": ([vp], None),
-        "llama_vq_chat_set_log_verbosity": ([ctypes.c_int], None),
-    }
-    for name, (args, res) in sigs.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, res
-    if lib.llama_vq_chat_abi_version() != _ABI_VERSION:
-        raise LlamaVQError(f"{path} has chat ABI {lib.llama_vq_chat_abi_version()}, this module needs "
-                           f"{_ABI_VERSION}: rebuild the package")
+    lib = _cdll.load(CHAT)
     # common/'s warnings would print whole model outputs that fail to parse; StreamEnd.parse_error has it
     lib.llama_vq_chat_set_log_verbosity(int(os.environ.get("LLAMA_VQ_CHAT_LOG_VERBOSITY", "1")))
     return lib
@@ -84,10 +77,7 @@ def _take(ptr: int | None) -> Any:
     """Decode and free a JSON string the library returned; raise its error document."""
     if not ptr:
         raise MemoryError("llama_vq chat: the native call returned no result (out of memory)")
-    try:
-        doc = json.loads(ctypes.string_at(ptr).decode("utf-8"))
-    finally:
-        _lib().llama_vq_chat_string_free(ptr)
+    doc = _cdll.take_json(_lib(), "llama_vq_chat_string_free", ptr)
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
         err = doc["error"]
         raise ChatTemplateError(err.get("message") or "chat error", err.get("param"))
@@ -105,20 +95,20 @@ def builtin_templates() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class TemplateInfo:
-    source: str                   # the Jinja source in use (the built-in's name for a built-in)
-    tool_use_source: str | None   # the model's separate "tool_use" template, if it has one
-    use_jinja: bool               # False for a built-in (non-Jinja) template: no tools
-    was_explicit: bool            # the model had a template, or one was given
+    source: str  # the Jinja source in use (the built-in's name for a built-in)
+    tool_use_source: str | None  # the model's separate "tool_use" template, if it has one
+    use_jinja: bool  # False for a built-in (non-Jinja) template: no tools
+    was_explicit: bool  # the model had a template, or one was given
     builtin_name: str | None
-    supports_thinking: bool       # the template has a reasoning (thinking) block
-    caps: dict[str, bool]         # supports_tools, supports_tool_calls, supports_parallel_tool_calls, ...
+    supports_thinking: bool  # the template has a reasoning (thinking) block
+    caps: dict[str, bool]  # supports_tools, supports_tool_calls, supports_parallel_tool_calls, ...
 
 
 @dataclass(frozen=True)
 class ToolCall:
     id: str
     name: str
-    arguments: str                # JSON text, as OpenAI sends it
+    arguments: str  # JSON text, as OpenAI sends it
 
 
 @dataclass(frozen=True)
@@ -129,19 +119,25 @@ class ChatMessage:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ChatMessage:
-        calls = tuple(ToolCall(c.get("id", ""), c["function"]["name"], c["function"]["arguments"])
-                      for c in d.get("tool_calls") or ())
+        calls = tuple(
+            ToolCall(c.get("id", ""), c["function"]["name"], c["function"]["arguments"])
+            for c in d.get("tool_calls") or ()
+        )
         return cls(d.get("content") or "", d.get("reasoning_content") or "", calls)
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI assistant message: content None when there are tool calls and no text."""
-        msg: dict[str, Any] = {"role": "assistant",
-                               "content": self.content if self.content or not self.tool_calls else None}
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.content if self.content or not self.tool_calls else None,
+        }
         if self.reasoning_content:
             msg["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
-            msg["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}} for c in self.tool_calls]
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
         return msg
 
 
@@ -151,15 +147,15 @@ class ChatParams:
 
     prompt: str
     format_name: str
-    grammar: str                          # GBNF, "" for none
-    grammar_type: str                     # "tool_calls" (template's), "user" (request GBNF), "output_format", ""
-    grammar_lazy: bool                    # apply only once a trigger matched
-    trigger_patterns: tuple[str, ...]     # regexes for llama_sampler_init_grammar_lazy_patterns
+    grammar: str  # GBNF, "" for none
+    grammar_type: str  # "tool_calls" (template's), "user" (request GBNF), "output_format", ""
+    grammar_lazy: bool  # apply only once a trigger matched
+    trigger_patterns: tuple[str, ...]  # regexes for llama_sampler_init_grammar_lazy_patterns
     trigger_tokens: tuple[int, ...]
     grammar_prefill_tokens: tuple[int, ...]  # accept these into a non-lazy grammar before sampling
-    grammar_prefill_text: str             # their text: the generation prompt past the cut (see the ABI)
-    tool_calls_strict: bool               # required/named tools: no free text before the calls (see the ABI)
-    preserved_tokens: tuple[str, ...]     # special tokens the output format uses (render them as text)
+    grammar_prefill_text: str  # their text: the generation prompt past the cut (see the ABI)
+    tool_calls_strict: bool  # required/named tools: no free text before the calls (see the ABI)
+    preserved_tokens: tuple[str, ...]  # special tokens the output format uses (render them as text)
     preserved_token_ids: tuple[int, ...]
     additional_stops: tuple[str, ...]
     generation_prompt: str
@@ -172,19 +168,34 @@ class ChatParams:
     @classmethod
     def _from_doc(cls, d: dict[str, Any]) -> ChatParams:
         t = tuple
-        return cls(d["prompt"], d["format_name"], d["grammar"], d["grammar_type"], d["grammar_lazy"],
-                   t(d["trigger_patterns"]), t(d["trigger_tokens"]), t(d["grammar_prefill_tokens"]),
-                   d["grammar_prefill_text"], d["tool_calls_strict"],
-                   t(d["preserved_tokens"]), t(d["preserved_token_ids"]), t(d["additional_stops"]),
-                   d["generation_prompt"], d["supports_thinking"], d["enable_thinking"], d["thinking_start_tag"],
-                   t(d["thinking_end_tags"]), d["parser"])
+        return cls(
+            d["prompt"],
+            d["format_name"],
+            d["grammar"],
+            d["grammar_type"],
+            d["grammar_lazy"],
+            t(d["trigger_patterns"]),
+            t(d["trigger_tokens"]),
+            t(d["grammar_prefill_tokens"]),
+            d["grammar_prefill_text"],
+            d["tool_calls_strict"],
+            t(d["preserved_tokens"]),
+            t(d["preserved_token_ids"]),
+            t(d["additional_stops"]),
+            d["generation_prompt"],
+            d["supports_thinking"],
+            d["enable_thinking"],
+            d["thinking_start_tag"],
+            t(d["thinking_end_tags"]),
+            d["parser"],
+        )
 
 
 @dataclass(frozen=True)
 class StreamEnd:
     message: ChatMessage
-    deltas: list[dict[str, Any]]          # the last OpenAI deltas (may be empty)
-    parse_error: str | None               # set when the output did not match the format (kept as content)
+    deltas: list[dict[str, Any]]  # the last OpenAI deltas (may be empty)
+    parse_error: str | None  # set when the output did not match the format (kept as content)
 
 
 def _parser_bytes(parser: ChatParams | Mapping[str, Any]) -> bytes:
@@ -235,8 +246,9 @@ class ChatTemplates(_Native):
 
     _free = "llama_vq_chat_templates_free"
 
-    def __init__(self, model: Any = None, template: str | None = None, *, bos_token: str = "",
-                 eos_token: str = "") -> None:
+    def __init__(
+        self, model: Any = None, template: str | None = None, *, bos_token: str = "", eos_token: str = ""
+    ) -> None:
         self._handle = None
         self._owner = model  # keeps a Llama (and its model) alive
         opts = {"template": template or "", "bos_token": bos_token, "eos_token": eos_token}
@@ -259,8 +271,15 @@ class ChatTemplates(_Native):
     @functools.cached_property
     def info(self) -> TemplateInfo:
         d = _take(_lib().llama_vq_chat_templates_info(self._live()))
-        return TemplateInfo(d["source"], d["tool_use_source"], d["use_jinja"], d["was_explicit"],
-                            d["builtin_name"], d["supports_thinking"], dict(d["caps"]))
+        return TemplateInfo(
+            d["source"],
+            d["tool_use_source"],
+            d["use_jinja"],
+            d["was_explicit"],
+            d["builtin_name"],
+            d["supports_thinking"],
+            dict(d["caps"]),
+        )
 
     def apply(self, request: Mapping[str, Any]) -> ChatParams:
         """Render an OpenAI chat request; raise ChatTemplateError naming the field at fault."""
@@ -269,8 +288,9 @@ class ChatTemplates(_Native):
     def parse(self, parser: ChatParams | Mapping[str, Any], text: str, *, partial: bool = False) -> ChatMessage:
         """Parse model output; raises ChatTemplateError when a full parse does not match the format."""
         raw = text.encode("utf-8")
-        return ChatMessage.from_dict(_take(_lib().llama_vq_chat_parse(_parser_bytes(parser), raw, len(raw),
-                                                                      int(partial))))
+        return ChatMessage.from_dict(
+            _take(_lib().llama_vq_chat_parse(_parser_bytes(parser), raw, len(raw), int(partial)))
+        )
 
     def stream(self, parser: ChatParams | Mapping[str, Any]) -> ChatStream:
         return ChatStream(parser)

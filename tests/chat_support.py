@@ -11,18 +11,38 @@ ROOT = Path(__file__).resolve().parent.parent
 # models/ is left out of the sdist but is in a checkout's vendored llama.cpp: the tests read it there.
 TEMPLATES = ROOT / "vendor" / "llama.cpp" / "models" / "templates"
 
-SPECIAL_FUNCTION = {"type": "function", "function": {
-    "name": "special_function", "description": "I'm special",
-    "parameters": {"type": "object", "properties": {"arg1": {"type": "integer", "description": "The arg."}},
-                   "required": ["arg1"]}}}
-GET_TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Current time in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-GET_WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city, in a unit",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"]}}}
+SPECIAL_FUNCTION = {
+    "type": "function",
+    "function": {
+        "name": "special_function",
+        "description": "I'm special",
+        "parameters": {
+            "type": "object",
+            "properties": {"arg1": {"type": "integer", "description": "The arg."}},
+            "required": ["arg1"],
+        },
+    },
+}
+GET_TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+GET_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city, in a unit",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
 
 
 @cache
@@ -54,8 +74,7 @@ def merge_deltas(deltas: list[dict[str, Any]]) -> dict[str, Any]:
                 call["name"] = fn["name"]
             call["arguments"] += fn.get("arguments") or ""
     assert sorted(calls) == list(range(len(calls))), f"tool call indexes {sorted(calls)} are not 0..n-1"
-    return {"content": content, "reasoning_content": reasoning,
-            "tool_calls": [calls[i] for i in range(len(calls))]}
+    return {"content": content, "reasoning_content": reasoning, "tool_calls": [calls[i] for i in range(len(calls))]}
 
 
 def message_calls(message: Any) -> list[dict[str, Any]]:

@@ -8,11 +8,11 @@ native build. Nothing is mocked.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
+from skip_support import CI_ENV, is_platform_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,8 +61,13 @@ def llama_server_bin(llama_vq) -> Path:
     import json
     import subprocess
 
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "build", "--llama-vq"],
-                       capture_output=True, text=True, timeout=3600, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "build", "--llama-vq"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     binary = Path(json.loads(r.stdout.strip().splitlines()[-1])["llama_server"])
     assert binary.is_file(), binary
@@ -76,9 +81,9 @@ def build(llama_vq):
 
 @pytest.fixture()
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from server_support import free_port
+
+    return free_port()
 
 
 def pytest_report_header(config):
@@ -86,7 +91,26 @@ def pytest_report_header(config):
         import llama_vq
 
         info = llama_vq.build_info()
-        return [f"llama-vq {info.version}: backend={info.backend} llama.cpp={info.llama_cpp_commit[:10]} "
-                f"patches={len(info.patches)} threads={os.cpu_count()}"]
+        return [
+            f"llama-vq {info.version}: backend={info.backend} llama.cpp={info.llama_cpp_commit[:10]} "
+            f"patches={len(info.patches)} threads={os.cpu_count()}"
+        ]
     except Exception as e:  # the header must never hide the real failure
         return [f"llama-vq: not importable ({e})"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI (LLAMA_VQ_CI=1) a skip is a failure unless its reason is a platform limit (skip_support.py)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.skipped or hasattr(rep, "wasxfail") or os.environ.get(CI_ENV, "") in ("", "0"):
+        return
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if not is_platform_limit(reason):
+        rep.outcome = "failed"
+        rep.longrepr = (
+            f"skipped in CI ({CI_ENV}=1) for a reason that is not a platform limit: {reason}\n"
+            "Fix the machine (or the test) so that it runs; tests/skip_support.py says which skips CI accepts."
+        )

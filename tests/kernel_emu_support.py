@@ -54,20 +54,28 @@ def kernels_parts(tmp: Path, mutate: dict[str, tuple[str, str]] | None = None) -
     """The parts kernels_harness.cpp includes, each cut out of the file the build compiles; mutate maps a part's
     name to (old, new), a textual change that must apply exactly once (the tests that show a broken kernel fail)."""
     fwht = kernel_source("fwht-fused.cu")
-    launcher = ("template <int N, typename idx_t, typename block_type, int qk, void (*quantize)(const float *, "
-                "block_type *)>\nstatic void fwht_set_rows_launch")
+    launcher = (
+        "template <int N, typename idx_t, typename block_type, int qk, void (*quantize)(const float *, "
+        "block_type *)>\nstatic void fwht_set_rows_launch"
+    )
     parts = {
         "DEQ_INC": dequantize_x8_part(),
-        "QUANT_INC": cut(kernel_source("cpy-utils.cuh"), "static __device__ __forceinline__ int best_index_int8",
-                         "static __device__ void cpy_blck_f32_q4_0"),
-        "MMVQ_INC": cut(kernel_source("mmvq-short.cu"), "#define MMVQ_SHORT_NTHREADS",
-                        "static bool mmvq_short_type_supported"),
-        "OUTPROD_INC": cut(kernel_source("out-prod-q.cu"), "#define OUT_PROD_Q_NTHREADS",
-                           "static void out_prod_q_combine_cuda"),
-        "FWHT_PARAMS_INC": cut(kernel_source("fwht-fused.cuh"), "struct fwht_rope_params",
-                               "bool ggml_cuda_rope_fwht_set_rows_supported"),
-        "FWHT_INC": cut(fwht, "#define FWHT_FUSED_ROWS", launcher) +
-                    cut(fwht, "// CONT -> reshape -> fwht", "bool ggml_cuda_cont_fwht_supported"),
+        "QUANT_INC": cut(
+            kernel_source("cpy-utils.cuh"),
+            "static __device__ __forceinline__ int best_index_int8",
+            "static __device__ void cpy_blck_f32_q4_0",
+        ),
+        "MMVQ_INC": cut(
+            kernel_source("mmvq-short.cu"), "#define MMVQ_SHORT_NTHREADS", "bool ggml_cuda_should_use_mmvq_short"
+        ),
+        "OUTPROD_INC": cut(
+            kernel_source("out-prod-q.cu"), "#define OUT_PROD_Q_NTHREADS", "static void out_prod_q_combine_cuda"
+        ),
+        "FWHT_PARAMS_INC": cut(
+            kernel_source("fwht-fused.cuh"), "struct fwht_rope_params", "bool ggml_cuda_rope_fwht_set_rows_supported"
+        ),
+        "FWHT_INC": cut(fwht, "#define FWHT_FUSED_ROWS", launcher)
+        + cut(fwht, "// CONT -> reshape -> fwht", "bool ggml_cuda_cont_fwht_supported"),
     }
     for name, (old, new) in (mutate or {}).items():
         assert parts[name].count(old) == 1, f"{name}: the mutation's text must occur once"
@@ -84,6 +92,7 @@ def write_part(tmp: Path, name: str, text: str) -> Path:
 @dataclass(frozen=True)
 class Build:
     """One harness binary: tests/fused_attn_emu/`harness` for `surface`, -D<NAME>="<path>" per incs."""
+
     tmp: Path
     harness: str
     surface: str
@@ -97,8 +106,22 @@ class Build:
 
     def command(self) -> list[str]:
         src = ggml_src_dir()
-        cmd = [compiler(), "-std=c++20", "-O1", "-g", "-pthread", f"-fsanitize={self.sanitize}",
-               "-I", str(EMU / "include"), "-I", str(src.parent / "include"), "-I", str(src), "-I", str(EMU)]
+        cmd = [
+            compiler(),
+            "-std=c++20",
+            "-O1",
+            "-g",
+            "-pthread",
+            f"-fsanitize={self.sanitize}",
+            "-I",
+            str(EMU / "include"),
+            "-I",
+            str(src.parent / "include"),
+            "-I",
+            str(src),
+            "-I",
+            str(EMU),
+        ]
         if "undefined" in self.sanitize:
             cmd.append("-fno-sanitize-recover=undefined")
         if self.surface == "hip":
@@ -107,8 +130,14 @@ class Build:
         return ["nice", "-n", "5", *cmd, *self.extra, str(EMU / self.harness), "-o", str(self.exe)]
 
 
-def build(tmp: Path, harness: str, surface: str, incs: dict[str, Path], extra: tuple[str, ...] = (),
-          sanitize: str = "address,undefined") -> Path:
+def build(
+    tmp: Path,
+    harness: str,
+    surface: str,
+    incs: dict[str, Path],
+    extra: tuple[str, ...] = (),
+    sanitize: str = "address,undefined",
+) -> Path:
     return build_all([Build(tmp, harness, surface, incs, extra, sanitize)])[0]
 
 
@@ -120,8 +149,9 @@ def build_all(builds: list[Build]) -> list[Path]:
     running: list[subprocess.Popen] = []
     while pending or running:
         while pending and len(running) < width:
-            running.append(subprocess.Popen(pending.pop(0).command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True))
+            running.append(
+                subprocess.Popen(pending.pop(0).command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            )
         proc = running.pop(0)
         _, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-6000:]
@@ -130,9 +160,23 @@ def build_all(builds: list[Build]) -> list[Path]:
 
 def run(exe: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0", TSAN_OPTIONS="halt_on_error=1 exitcode=66")
-    return subprocess.run(["nice", "-n", "5", str(exe), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    return subprocess.run(
+        ["nice", "-n", "5", str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
-__all__ = ["SURFACES", "Build", "build", "build_all", "cut", "dequantize_x8_part", "for_emulation", "kernel_path",
-           "kernel_source", "kernels_parts", "require_sources", "run", "write_part"]
+__all__ = [
+    "SURFACES",
+    "Build",
+    "build",
+    "build_all",
+    "cut",
+    "dequantize_x8_part",
+    "for_emulation",
+    "kernel_path",
+    "kernel_source",
+    "kernels_parts",
+    "require_sources",
+    "run",
+    "write_part",
+]

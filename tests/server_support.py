@@ -68,9 +68,7 @@ class ServerProcess:
             full_env.pop("LLAMA_API_KEY", None)
         # Run from a neutral directory: the installed packages are under test, not the checkout's.
         cwd = os.environ.get("LLAMA_VQ_TEST_SERVER_CWD") or str(log_dir)
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd
-        )
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -95,9 +93,7 @@ class ServerProcess:
                 except httpx.TransportError:
                     pass
                 time.sleep(0.05)  # poll interval, not a readiness guess
-        raise TimeoutError(
-            f"server not ready after {deadline_s} s (last status {last}):\n{self.log()}"
-        )
+        raise TimeoutError(f"server not ready after {deadline_s} s (last status {last}):\n{self.log()}")
 
     def metrics(self) -> dict[str, float]:
         r = httpx.get(self.url + "/metrics", headers=self.headers(), timeout=10)
@@ -111,9 +107,7 @@ class ServerProcess:
             if predicate(v):
                 return v
             time.sleep(0.02)
-        raise TimeoutError(
-            f"{name} did not reach the expected value; last {self.metrics().get(name)}"
-        )
+        raise TimeoutError(f"{name} did not reach the expected value; last {self.metrics().get(name)}")
 
     def terminate(self) -> int:
         """SIGTERM and wait; returns the exit status."""

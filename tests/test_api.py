@@ -14,8 +14,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------- parsing (no model needed)
 
-@pytest.mark.parametrize("value,name", [("q4_0", "q4_0"), ("Q8_0", "q8_0"), (" F16 ", "f16"), (2, "q4_0"),
-                                         (8, "q8_0"), (1, "f16"), ("IQ4_NL", "iq4_nl"), (30, "bf16")])
+
+@pytest.mark.parametrize(
+    "value,name",
+    [
+        ("q4_0", "q4_0"),
+        ("Q8_0", "q8_0"),
+        (" F16 ", "f16"),
+        (2, "q4_0"),
+        (8, "q8_0"),
+        (1, "f16"),
+        ("IQ4_NL", "iq4_nl"),
+        (30, "bf16"),
+    ],
+)
 def test_cache_types_parse_by_name_in_any_case_or_by_number(llama_vq, value, name):
     assert llama_vq.parse_cache_type(value).name == name
 
@@ -30,8 +42,9 @@ def test_unknown_cache_type_raises_value_error_listing_valid_names(llama_vq, val
             assert valid in str(e.value)
 
 
-@pytest.mark.parametrize("value,mode", [(True, 1), (False, 0), ("on", 1), ("OFF", 0), ("auto", -1), (-1, -1),
-                                         ("Auto", -1)])
+@pytest.mark.parametrize(
+    "value,mode", [(True, 1), (False, 0), ("on", 1), ("OFF", 0), ("auto", -1), (-1, -1), ("Auto", -1)]
+)
 def test_flash_attn_accepts_bool_or_on_off_auto(llama_vq, value, mode):
     assert llama_vq.parse_flash_attn(value) == mode
 
@@ -42,6 +55,7 @@ def test_invalid_flash_attn_is_refused(llama_vq):
 
 
 # ---------------------------------------------------------------- validation before native calls
+
 
 def _metadata_only_gguf(path: Path, head: int) -> Path:
     """A llama-arch GGUF with metadata and no tensors: enough for validation, unloadable natively."""
@@ -131,8 +145,17 @@ _logits: dict[tuple[str, bool], np.ndarray] = {}
 def _case_logits(llama_vq, smollm2_path, type_k: str, flash_attn: bool) -> np.ndarray:
     """Prompt logits of one configuration (f16 V), computed once per module."""
     if (type_k, flash_attn) not in _logits:
-        llm = llama_vq.Llama(str(smollm2_path), n_ctx=256, type_k=type_k, type_v="f16", flash_attn=flash_attn,
-                             logits_all=True, verbose=False, n_threads=2, seed=1)
+        llm = llama_vq.Llama(
+            str(smollm2_path),
+            n_ctx=256,
+            type_k=type_k,
+            type_v="f16",
+            flash_attn=flash_attn,
+            logits_all=True,
+            verbose=False,
+            n_threads=2,
+            seed=1,
+        )
         _logits[(type_k, flash_attn)] = _prompt_logits(llm)
         llm.close()
     return _logits[(type_k, flash_attn)]
@@ -157,8 +180,17 @@ def reference_logits(llama_vq, smollm2_path):
 @pytest.mark.parametrize("type_k", ["f16", "q4_0"])
 @pytest.mark.parametrize("flash_attn", [True, False])
 def test_generation_runs_with_flash_attn_on_and_off(llama_vq, smollm2_path, reference_logits, type_k, flash_attn):
-    llm = llama_vq.Llama(str(smollm2_path), n_ctx=256, type_k=type_k, type_v="f16", flash_attn=flash_attn,
-                         logits_all=True, verbose=False, n_threads=2, seed=1)
+    llm = llama_vq.Llama(
+        str(smollm2_path),
+        n_ctx=256,
+        type_k=type_k,
+        type_v="f16",
+        flash_attn=flash_attn,
+        logits_all=True,
+        verbose=False,
+        n_threads=2,
+        seed=1,
+    )
     assert llm.flash_attn is flash_attn
     assert llm.cache_types == (type_k, "f16")
     logits = _logits.setdefault((type_k, flash_attn), _prompt_logits(llm))
@@ -173,8 +205,10 @@ def test_generation_runs_with_flash_attn_on_and_off(llama_vq, smollm2_path, refe
     floor_kl, floor_top1 = _mean_kl(ref, floor_on), _top1(ref, floor_on)
     unrelated_kl = _mean_kl(ref[1:], ref[:-1])
     kl, top1 = _mean_kl(ref, logits), _top1(ref, logits)
-    print(f"\nK {type_k} FA {flash_attn}: KL {kl:.4g} top-1 {top1:.3f}; floor KL {floor_kl:.4g} top-1 "
-          f"{floor_top1:.3f}; unrelated KL {unrelated_kl:.4g}")
+    print(
+        f"\nK {type_k} FA {flash_attn}: KL {kl:.4g} top-1 {top1:.3f}; floor KL {floor_kl:.4g} top-1 "
+        f"{floor_top1:.3f}; unrelated KL {unrelated_kl:.4g}"
+    )
     assert floor_kl < 0.1 * unrelated_kl, "FA on and off disagree like unrelated distributions"
     assert kl < 0.5 * unrelated_kl
     if type_k == "f16":  # the floor itself, or the reference's own configuration
@@ -199,8 +233,9 @@ def test_kv_cache_info_equals_llama_cpp_report(llama_vq, smollm2_path, capfd, ty
 
     llama_cpp._logger.logger.setLevel(10)  # let llama.cpp's INFO report through to stderr
     try:
-        llm = llama_vq.Llama(str(smollm2_path), n_ctx=512, type_k=type_k, type_v=type_v, flash_attn=fa,
-                             verbose=True, n_threads=2)
+        llm = llama_vq.Llama(
+            str(smollm2_path), n_ctx=512, type_k=type_k, type_v=type_v, flash_attn=fa, verbose=True, n_threads=2
+        )
     finally:
         err = capfd.readouterr().err
     info = llm.kv_cache_info()
@@ -224,8 +259,7 @@ def test_llama_vq_llama_is_a_llama_cpp_llama(llama_vq, smollm2_path):
 
     llm = llama_vq.Llama(str(smollm2_path), n_ctx=256, verbose=False, n_threads=2)
     assert isinstance(llm, llama_cpp.Llama)
-    chat = llm.create_chat_completion(messages=[{"role": "user", "content": "Say hi."}], max_tokens=4,
-                                      temperature=0.0)
+    chat = llm.create_chat_completion(messages=[{"role": "user", "content": "Say hi."}], max_tokens=4, temperature=0.0)
     assert chat["choices"][0]["message"]["role"] == "assistant"
     assert chat["usage"]["completion_tokens"] >= 1
     llm.close()
@@ -236,8 +270,9 @@ def test_tensor_override_places_matching_tensors_in_the_named_buffer(llama_vq, s
 
     llama_cpp._logger.logger.setLevel(10)
     try:
-        llm = llama_vq.Llama(str(smollm2_path), n_ctx=256, verbose=True, n_threads=2,
-                             tensor_overrides=["token_embd=CPU"])
+        llm = llama_vq.Llama(
+            str(smollm2_path), n_ctx=256, verbose=True, n_threads=2, tensor_overrides=["token_embd=CPU"]
+        )
     finally:
         err = capfd.readouterr().err
     assert re.search(r"token_embd\.weight.*buffer type overridden to CPU", err), err[-2000:]
@@ -245,8 +280,10 @@ def test_tensor_override_places_matching_tensors_in_the_named_buffer(llama_vq, s
     llm.close()
 
 
-@pytest.mark.parametrize("override,needle", [("exps", "PATTERN=BUFFER"), ("exps=NOPE0", "available: CPU"),
-                                             ("exps[=CPU", "not a valid regex")])
+@pytest.mark.parametrize(
+    "override,needle",
+    [("exps", "PATTERN=BUFFER"), ("exps=NOPE0", "available: CPU"), ("exps[=CPU", "not a valid regex")],
+)
 def test_bad_tensor_override_is_refused_naming_the_problem(llama_vq, smollm2_path, override, needle):
     with pytest.raises(llama_vq.TensorOverrideError) as e:
         llama_vq.Llama(str(smollm2_path), n_ctx=256, verbose=False, tensor_overrides=[override])

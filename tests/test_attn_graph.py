@@ -1,7 +1,8 @@
 """The attention graph llama.cpp really computes with a quantized cache and flash attention off.
 
 Read node by node through the scheduler's eval callback: V*softmax(KQ) is one OUT_PROD on the quantized V cache
-(0013), and the Hadamard rotations of a quantized cache sit next to their consumers (0016).
+(patch 0007-quantized-v-cache-without-flash-attn), and the Hadamard rotations of a quantized cache sit next to their
+consumers (patch 0008-graph-attn-rotations-next-to-their-consumers).
 """
 
 from __future__ import annotations
@@ -20,18 +21,28 @@ def ggml(llama_vq) -> GGML:
     return GGML(LIB_DIR)
 
 
-# With a quantized cache, llama.cpp rotates q/k/v by a Hadamard matrix (attn_rot_k/v). Patch 0016
-# builds each rotation right next to its consumer, which is what lets a backend fuse them (0017, CUDA): the K and V
+# With a quantized cache, llama.cpp rotates q/k/v by a Hadamard matrix (attn_rot_k/v). Patch
+# 0008-graph-attn-rotations-next-to-their-consumers builds each rotation right next to its consumer, which is what
+# lets a backend fuse them (0009-cuda-fuse-attn-rotations): the K and V
 # rotations just before their cache stores, the queries' just before K*Q, the output's just after the CONT that
 # un-permutes it. This reads the graph llama.cpp really computes (the scheduler's eval callback, node by node).
 
 
 class _GgmlTensor(ctypes.Structure):  # struct ggml_tensor (ggml.h) of the pinned llama.cpp
     _fields_ = [
-        ("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4),
-        ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32),
-        ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p), ("view_offs", ctypes.c_size_t),
-        ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64), ("extra", ctypes.c_void_p),
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * 4),
+        ("nb", ctypes.c_size_t * 4),
+        ("op", ctypes.c_int),
+        ("op_params", ctypes.c_int32 * 16),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * 10),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * 64),
+        ("extra", ctypes.c_void_p),
         ("padding", ctypes.c_char * 8),
     ]
 
@@ -50,8 +61,15 @@ def _graph_nodes(llama_vq, ggml, path, type_k, type_v, n_tokens=4, **kw) -> list
     def record(t, ask, user_data):  # noqa: ARG001
         if ask:
             x = ctypes.cast(t, ctypes.POINTER(_GgmlTensor)).contents
-            node = {"addr": t, "op": ggml.op_name(x.op).decode(), "hint": x.op_params[1], "type": x.type,
-                    "src": list(x.src), "view_src": x.view_src, "name": x.name.decode()}
+            node = {
+                "addr": t,
+                "op": ggml.op_name(x.op).decode(),
+                "hint": x.op_params[1],
+                "type": x.type,
+                "src": list(x.src),
+                "view_src": x.view_src,
+                "name": x.name.decode(),
+            }
             if x.src[0]:  # the first source's type, and the tensor a view of it looks at (e.g. the V cache)
                 s0 = ctypes.cast(x.src[0], ctypes.POINTER(_GgmlTensor)).contents
                 root = ctypes.cast(s0.view_src or x.src[0], ctypes.POINTER(_GgmlTensor)).contents
@@ -70,8 +88,12 @@ def _graph_nodes(llama_vq, ggml, path, type_k, type_v, n_tokens=4, **kw) -> list
     assert ctx
     try:
         toks = llm.tokenize(b"The quick brown fox jumps")[:n_tokens]
-        assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one((llama_cpp.llama_token * len(toks))(*toks),
-                                                                          len(toks))) == 0
+        assert (
+            llama_cpp.llama_decode(
+                ctx, llama_cpp.llama_batch_get_one((llama_cpp.llama_token * len(toks))(*toks), len(toks))
+            )
+            == 0
+        )
     finally:
         llama_cpp.llama_free(ctx)
     assert any(n["name"].startswith("kq") for n in nodes), "node names unreadable: struct layout changed?"
@@ -89,9 +111,14 @@ def _rotations_by_neighbour(nodes: list[dict]) -> dict[str, int]:
     for i, n in enumerate(nodes):
         if n["op"] != "MUL_MAT" or n["hint"] != 1:  # GGML_HINT_SRC0_IS_HADAMARD
             continue
-        prev2 = nodes[i - 2:i]
-        if (len(prev2) == 2 and prev2[0]["op"] == "CONT" and prev2[1]["op"] == "RESHAPE"
-                and prev2[1]["src"][0] == prev2[0]["addr"] and n["src"][1] == prev2[1]["addr"]):
+        prev2 = nodes[i - 2 : i]
+        if (
+            len(prev2) == 2
+            and prev2[0]["op"] == "CONT"
+            and prev2[1]["op"] == "RESHAPE"
+            and prev2[1]["src"][0] == prev2[0]["addr"]
+            and n["src"][1] == prev2[1]["addr"]
+        ):
             found["output"] += 1
             continue
         j = i + 1
@@ -107,12 +134,15 @@ def _rotations_by_neighbour(nodes: list[dict]) -> dict[str, int]:
     return found
 
 
-@pytest.mark.parametrize("model,type_k,type_v,expect", [
-    ("smollm2", "q4_0", "q4_0", {"store": 2, "kq": 1, "output": 1}),
-    ("smollm2", "f16", "q8_0", {"store": 1, "kq": 0, "output": 1}),
-    ("smollm2", "q8_0", "f16", {"store": 1, "kq": 1, "output": 0}),
-    ("mimo", "q4_0", "q4_0", {"store": 2, "kq": 1, "output": 1}),  # iSWA: full and sliding-window layers
-])
+@pytest.mark.parametrize(
+    "model,type_k,type_v,expect",
+    [
+        ("smollm2", "q4_0", "q4_0", {"store": 2, "kq": 1, "output": 1}),
+        ("smollm2", "f16", "q8_0", {"store": 1, "kq": 0, "output": 1}),
+        ("smollm2", "q8_0", "f16", {"store": 1, "kq": 1, "output": 0}),
+        ("mimo", "q4_0", "q4_0", {"store": 2, "kq": 1, "output": 1}),  # iSWA: full and sliding-window layers
+    ],
+)
 def test_attention_rotations_sit_next_to_their_consumers(llama_vq, ggml, request, model, type_k, type_v, expect):
     path = request.getfixturevalue("smollm2_path" if model == "smollm2" else "mimo_path")
     nodes = _graph_nodes(llama_vq, ggml, path, type_k, type_v)
@@ -122,10 +152,11 @@ def test_attention_rotations_sit_next_to_their_consumers(llama_vq, ggml, request
     assert found == {**{k: v * n_layer for k, v in expect.items()}, "apart": 0}, found
 
 
-@pytest.mark.parametrize("model,type_k,type_v", [("smollm2", "f16", "q4_0"), ("smollm2", "q8_0", "q8_0"),
-                                                 ("mimo", "q4_0", "q4_0")])
+@pytest.mark.parametrize(
+    "model,type_k,type_v", [("smollm2", "f16", "q4_0"), ("smollm2", "q8_0", "q8_0"), ("mimo", "q4_0", "q4_0")]
+)
 def test_quantized_v_without_flash_attn_is_one_out_prod_on_the_cache(llama_vq, ggml, request, model, type_k, type_v):
-    """The graph that ships (0013): per layer, kq*v is one OUT_PROD whose src0 is a view of the quantized V cache
+    """Per layer, kq*v is one OUT_PROD whose src0 is a view of the quantized V cache
     (the op tests/test_out_prod_reference.py checks against float64); nothing copies or dequantizes V any more."""
     path = request.getfixturevalue("smollm2_path" if model == "smollm2" else "mimo_path")
     nodes = _graph_nodes(llama_vq, ggml, path, type_k, type_v)
@@ -136,6 +167,11 @@ def test_quantized_v_without_flash_attn_is_one_out_prod_on_the_cache(llama_vq, g
     v_cache = re.compile(r"cache_\w*v_l\d+")
     for n in out_prods:
         assert n["src0_type"] == GGML_TYPES[type_v] and v_cache.fullmatch(n["src0_root"]), n
-    copies = [n for n in nodes if n["op"] in ("CPY", "CONT", "DUP") and n.get("src0_type") == GGML_TYPES[type_v]
-              and v_cache.fullmatch(n.get("src0_root", ""))]
+    copies = [
+        n
+        for n in nodes
+        if n["op"] in ("CPY", "CONT", "DUP")
+        and n.get("src0_type") == GGML_TYPES[type_v]
+        and v_cache.fullmatch(n.get("src0_root", ""))
+    ]
     assert not copies, [n["name"] for n in copies]

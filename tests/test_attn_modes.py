@@ -1,6 +1,6 @@
-"""Attention modes over one quantized cache (patch 0018): "prefill" runs flash attention for prompt batches and
-llama-vq's attention without it for decode batches (up to LLAMA_VQ_DECODE_TOKENS, default 8, tokens per sequence);
-"auto" with a quantized V picks prefill on an accelerator and the non-FA path on the CPU alone.
+"""Attention modes over one quantized cache (patch 0018-llama-flash-attn-prefill-mode): "prefill" runs flash attention
+for prompt batches and llama-vq's attention without it for decode batches (up to LLAMA_VQ_DECODE_TOKENS, default 8,
+tokens per sequence); "auto" with a quantized V picks prefill on an accelerator and the non-FA path on the CPU alone.
 
 Fidelity as decision 8 has it: each mode held against the f16 cache, within the floor (f16, flash attention on vs
 off), never one quantized run against another.

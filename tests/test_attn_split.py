@@ -1,7 +1,8 @@
-"""The attention without flash attention under a scratch budget (patch 0017, native/llama/src/llama-vq-attn.h): a
+"""The attention without flash attention under a scratch budget (patch
+0017-llama-attn-split-scratch-budget, native/llama/src/llama-vq-attn.h): a
 batch whose scores (n_kv x n_tokens x n_head floats) exceed the budget is computed in chunks of its tokens, each
 chunk's K*Q -> softmax -> V*P before the next. Every row of scores is the unsplit graph's, so the logits are the
-same bit for bit on the CPU; and the compute buffer no longer grows with the scores.
+same bit for bit on the CPU; and the compute buffer does not grow with the scores.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ def test_build_info_reports_backend_targets_commit_and_applied_patches(build):
     assert build.llama_cpp_commit == pin.llama_cpp_commit
     assert build.llama_cpp_python == pin.llama_cpp_python == "0.3.36"
     assert build.patches == _pin.read_series()
-    assert build.patches, "the series is never empty: 0001 tags the build"
+    assert build.patches, (
+        "the series is never empty: 0001-bindings-introspection-build-tag-and-kv-cache-size tags the build"
+    )
     if build.backend == "cpu":
         assert build.gpu_targets == []
     else:
@@ -36,7 +38,8 @@ def test_build_info_reports_backend_targets_commit_and_applied_patches(build):
 
 
 def test_loaded_library_is_the_patched_llama_vq_build(build):
-    # patch 0001 tags llama_print_system_info(); a stock libllama would not say this
+    # patch 0001-bindings-introspection-build-tag-and-kv-cache-size tags llama_print_system_info(); a stock
+    # libllama would not say this
     assert build.system_info.startswith(f"LLAMA_VQ : BUILD = {build.version} |"), build.system_info
 
 
@@ -75,8 +78,7 @@ def test_importing_llama_cpp_first_with_another_library_is_refused(tmp_path, lla
     shutil.copytree(Path(llama_vq.__file__).parent / "lib", other)
     code = "import llama_cpp\nimport llama_vq\n"
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(other))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode != 0
     assert "ImportError" in proc.stderr or "BindingError" in proc.stderr
     assert "import llama_vq before" in proc.stderr
@@ -84,19 +86,18 @@ def test_importing_llama_cpp_first_with_another_library_is_refused(tmp_path, lla
 
 
 def test_importing_llama_cpp_after_llama_vq_uses_llama_vq_lib(tmp_path):
-    code = ("import llama_vq, llama_cpp, pathlib\n"
-            "print(pathlib.Path(llama_cpp.llama_cpp._lib._name).resolve().parent)\n")
+    code = "import llama_vq, llama_cpp, pathlib\nprint(pathlib.Path(llama_cpp.llama_cpp._lib._name).resolve().parent)\n"
     env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, check=True
+    )
     import llama_vq
 
     assert Path(proc.stdout.strip()) == (Path(llama_vq.__file__).parent / "lib").resolve()
 
 
 def test_patch_series_applies_cleanly_to_the_pristine_tree():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "patches.py"), "check"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "patches.py"), "check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for name in _pin.read_series():
         assert name in proc.stdout

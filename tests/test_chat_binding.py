@@ -38,8 +38,10 @@ def test_model_template_is_the_ggufs_and_renders_chatml(own, llm):
     assert info.use_jinja and info.was_explicit
     assert info.source == llm.metadata["tokenizer.chat_template"]
     plan = own.apply({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]})
-    assert plan.prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n" \
-                          "<|im_start|>assistant\n"
+    assert (
+        plan.prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert plan.grammar == "" and not plan.grammar_lazy
 
 
@@ -72,18 +74,38 @@ def test_chat_template_kwargs_change_the_prompt_through_the_model(llm):
     assert off == on + "<think>\n\n</think>\n\n"
 
 
-@pytest.mark.parametrize(("messages", "param"), [
-    ([{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}], "messages[1].tool_call_id"),
-    ([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}],
-     "messages[1].tool_calls[0].function.arguments"),
-    ([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"arguments": "{}"}}]}], "messages[1].tool_calls[0].function.name"),
-    ([{"role": "wizard", "content": "hi"}], "messages[0].role"),
-    ([{"role": "user", "content": 7}], "messages[0].content"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0].type"),
-    ([], "messages"),
-])
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}], "messages[1].tool_call_id"),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
+                    ],
+                },
+            ],
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": "a", "type": "function", "function": {"arguments": "{}"}}]},
+            ],
+            "messages[1].tool_calls[0].function.name",
+        ),
+        ([{"role": "wizard", "content": "hi"}], "messages[0].role"),
+        ([{"role": "user", "content": 7}], "messages[0].content"),
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+            "messages[0].content[0].type",
+        ),
+        ([], "messages"),
+    ],
+)
 def test_malformed_messages_are_refused_naming_the_field(own, messages, param):
     with pytest.raises(ChatTemplateError) as e:
         own.apply({"messages": messages})
@@ -92,8 +114,13 @@ def test_malformed_messages_are_refused_naming_the_field(own, messages, param):
 
 
 def test_tool_schema_that_cannot_become_a_grammar_is_refused_naming_the_tool(own):
-    bad = {"type": "function", "function": {"name": "bad", "parameters": {
-        "type": "object", "properties": {"x": {"$ref": "#/definitions/missing"}}}}}
+    bad = {
+        "type": "function",
+        "function": {
+            "name": "bad",
+            "parameters": {"type": "object", "properties": {"x": {"$ref": "#/definitions/missing"}}},
+        },
+    }
     with pytest.raises(ChatTemplateError) as e:
         own.apply({"messages": USER, "tools": [GET_TIME, bad]})
     assert e.value.param == "tools[1].function.parameters"
@@ -163,21 +190,34 @@ def test_required_tool_call_generated_under_the_grammar_satisfies_the_schema(llm
 
 def test_a_prefill_left_by_the_cut_is_tokenized_with_the_models_vocab(llm):
     t = ChatTemplates(llm, template_text("Qwen-Qwen3-0.6B.jinja"))
-    plan = t.apply({"messages": USER, "tools": [GET_TIME], "tool_choice": "required",
-                    "chat_template_kwargs": {"enable_thinking": False}})
+    plan = t.apply(
+        {
+            "messages": USER,
+            "tools": [GET_TIME],
+            "tool_choice": "required",
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    )
     assert plan.grammar_prefill_text == "<think>\n\n</think>\n\n"
     assert plan.generation_prompt.endswith(plan.grammar_prefill_text)
-    assert plan.grammar_prefill_tokens == tuple(llm.tokenize(plan.grammar_prefill_text.encode(), add_bos=False,
-                                                             special=True))
+    assert plan.grammar_prefill_tokens == tuple(
+        llm.tokenize(plan.grammar_prefill_text.encode(), add_bos=False, special=True)
+    )
 
 
 def test_named_tool_choice_keeps_only_that_tool(llm):
     t = ChatTemplates(llm, template_text("Qwen-Qwen2.5-7B-Instruct.jinja"))
-    plan = t.apply({"messages": USER, "tools": [GET_TIME, GET_WEATHER, SPECIAL_FUNCTION],
-                    "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    plan = t.apply(
+        {
+            "messages": USER,
+            "tools": [GET_TIME, GET_WEATHER, SPECIAL_FUNCTION],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        }
+    )
     assert not plan.grammar_lazy and "get_weather" in plan.grammar
     assert "get_time" not in plan.grammar and "special_function" not in plan.grammar
     with pytest.raises(ChatTemplateError) as e:
-        t.apply({"messages": USER, "tools": [GET_TIME], "tool_choice": {"type": "function",
-                                                                        "function": {"name": "nope"}}})
+        t.apply(
+            {"messages": USER, "tools": [GET_TIME], "tool_choice": {"type": "function", "function": {"name": "nope"}}}
+        )
     assert e.value.param == "tool_choice.function.name"

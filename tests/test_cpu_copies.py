@@ -1,5 +1,5 @@
-"""Quantized copies on the CPU backend (patch 0002): it claims only what its kernels do, and what it claims
-stays inside the destination.
+"""Quantized copies on the CPU backend (patch 0002-ggml-cpu-refuse-quantized-copies-it-cannot-do): it claims only
+what its kernels do, and what it claims stays inside the destination.
 
 Built by hand through ctypes on the built libggml (no model). CPU time: milliseconds.
 """
@@ -38,8 +38,8 @@ def test_same_type_copy_of_a_permuted_quantized_view_into_another_shape_stays_in
     """q [128, 8, 4] permuted to [128, 4, 8] (not contiguous), copied into a contiguous q [128, 32].
 
     The destination is the first 32 rows of a larger tensor whose other rows, filled with a guard pattern, lie
-    right after it: before 0002 fixed ggml_compute_forward_dup_bytes, the CPU claimed this copy and wrote each
-    row as 128 * block bytes (32x a row), far into the guard.
+    right after it: upstream's ggml_compute_forward_dup_bytes claims this copy and writes each row as 128 * block
+    bytes (32x a row), far into the guard.
     """
     qtype, block = QTYPES[name]
     n_rows, row_bytes = 32, 128 // 32 * block
@@ -56,12 +56,17 @@ def test_same_type_copy_of_a_permuted_quantized_view_into_another_shape_stays_in
         ctypes.memset(ggml.get_data(arena), GUARD, (n_rows + guard_rows) * row_bytes)
         dst = ggml.view_2d(ctx, arena, 128, n_rows, row_bytes, 0)
         op = ggml.cpy(ctx, view, dst)
-        assert ggml.backend_supports_op(backend, op), "the CPU refuses a copy its kernel does (0002 made it exact)"
+        assert ggml.backend_supports_op(backend, op), "the CPU refuses a copy its kernel does exactly"
         gf = ggml.new_graph(ctx)
         ggml.build_forward_expand(gf, op)
         assert ggml.graph_compute_with_ctx(ctx, gf, 2) == 0
-        out = np.ctypeslib.as_array((ctypes.c_uint8 * ((n_rows + guard_rows) * row_bytes)).from_address(
-            ggml.get_data(arena))).reshape(n_rows + guard_rows, row_bytes).copy()
+        out = (
+            np.ctypeslib.as_array(
+                (ctypes.c_uint8 * ((n_rows + guard_rows) * row_bytes)).from_address(ggml.get_data(arena))
+            )
+            .reshape(n_rows + guard_rows, row_bytes)
+            .copy()
+        )
     finally:
         ggml.backend_free(backend)
         ggml.free(ctx)

@@ -87,8 +87,11 @@ def test_build_stages_use_the_users_build_entry_point():
 
 
 def test_dockerignore_keeps_builds_caches_venvs_and_vendor_stamps_out_of_the_context():
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".venv", "build", "vendor", ".cache", ".git", "llama_vq/lib", "**/__pycache__"} <= ignored
     if shutil.which("git"):
         # nothing git tracks is ignored (the image builds from what a clone has)
@@ -112,8 +115,13 @@ def test_vendor_sdist_prints_only_the_path_on_stdout_even_when_it_fetches(tmp_pa
     # pip reaches the configured index (the sdist's build backend comes from there) and this local copy
     find_links = " ".join(x for x in (os.environ.get("PIP_FIND_LINKS", ""), str(links)) if x)
     env = {**os.environ, "LLAMA_VQ_CACHE": str(tmp_path / "cache"), "PIP_FIND_LINKS": find_links}
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "vendor.py"), "sdist"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "vendor.py"), "sdist"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "fetching" in proc.stderr  # it did download, and said so on stderr
     lines = proc.stdout.splitlines()

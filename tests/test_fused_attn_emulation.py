@@ -1,15 +1,15 @@
-"""The split/combine algorithm of the fused CUDA decode attention (patch 0023, attn-decode-fused.cu) in numpy.
+"""The split/combine algorithm of the fused CUDA decode attention (attn-decode-fused.cu) in numpy.
 
 The kernel cannot run here (no GPU), so this emulates its arithmetic, step for step and with its index
 arithmetic, in float32: the host's split sizing (cells per split a multiple of the 64-cell tile, about 4
 blocks per SM), the query columns of a block (column col = token col % n_tokens of head h*gqa + col // n_tokens,
 tiles of 32 columns, chunks of CG padded with zero queries), the in-place Walsh-Hadamard transform of the
-queries (0017's form), per tile the scores with the mask row of the column's token/head/stream, the online
+queries (the FWHT_KQ form), per tile the scores with the mask row of the column's token/head/stream, the online
 softmax (running max, rescale factor, -inf cells and fully masked tiles/splits), V*P accumulated by phases of
 the cells and summed in a fixed order, then either the one-split normalization with the sink or the partial
 (m, l, o) per split and the combine kernel. It is compared with a float64 softmax(scale*K.Q + mask, sinks)*V
 reference. What it does not check: the CUDA code itself (thread mapping, shared-memory races, shuffles);
-those are only compiled here (HIP gfx90a) and run by benchmarks/fused_attn_check.sh on a GPU.
+those are only compiled here (HIP gfx90a) and run by benchmarks/investigations/fused_attn_check.sh on a GPU.
 """
 
 from __future__ import annotations
@@ -116,9 +116,9 @@ def _split_tile(q_sh, kh, vh, mrows, scale, span, nc, nph):
         tn = min(AD_TC, span[1] - t0)
         # A. scores; padded columns 0, cells past the split: untouched by B (c >= tn)
         s_sh = np.zeros((AD_TC, ncp), dtype=np.float32)
-        sc = (kh[t0:t0 + tn] @ q_sh[:nc].T).astype(np.float32) * np.float32(scale)  # [tn, nc]
+        sc = (kh[t0 : t0 + tn] @ q_sh[:nc].T).astype(np.float32) * np.float32(scale)  # [tn, nc]
         if mrows is not None:
-            sc = sc + mrows[:, t0:t0 + tn].T
+            sc = sc + mrows[:, t0 : t0 + tn].T
         s_sh[:tn, :nc] = sc
         # B. online softmax
         m_old = m_sh[:nc].copy()
@@ -135,7 +135,7 @@ def _split_tile(q_sh, kh, vh, mrows, scale, span, nc, nph):
         a_full[:nc] = alpha
         # C. V*P by phases
         acc *= a_full[None, :, None]
-        vt = vh[t0:t0 + tn]  # [tn, dv]
+        vt = vh[t0 : t0 + tn]  # [tn, dv]
         for ph in range(nph):
             idx = np.arange(ph, tn, nph)
             if idx.size:
@@ -223,17 +223,17 @@ CASES = [
     (128, 128, 32, 8, 127, 2, True, 0, 1, 132),
     (128, 128, 32, 8, 4096, 1, True, 0, 1, 132),
     (128, 128, 32, 8, 4096, 8, False, 0, 1, 132),
-    (192, 128, 64, 4, 2000, 1, True, 0, 1, 132),    # MiMo full: GQA 16
-    (192, 128, 64, 4, 1100, 4, True, 0, 1, 132),    # 64 columns: 2 tiles of 32
-    (192, 128, 64, 8, 1500, 8, False, 0, 1, 132),   # MiMo SWA, 64 columns
-    (192, 128, 64, 4, 300, 8, True, 0, 1, 132),     # 128 columns, 4 tiles
-    (64, 64, 16, 4, 700, 3, True, 0, 1, 104),       # ncols 12: chunks of 8, padded
+    (192, 128, 64, 4, 2000, 1, True, 0, 1, 132),  # MiMo full: GQA 16
+    (192, 128, 64, 4, 1100, 4, True, 0, 1, 132),  # 64 columns: 2 tiles of 32
+    (192, 128, 64, 8, 1500, 8, False, 0, 1, 132),  # MiMo SWA, 64 columns
+    (192, 128, 64, 4, 300, 8, True, 0, 1, 132),  # 128 columns, 4 tiles
+    (64, 64, 16, 4, 700, 3, True, 0, 1, 104),  # ncols 12: chunks of 8, padded
     (256, 256, 16, 2, 1300, 2, False, 0, 1, 104),
-    (128, 128, 8, 8, 513, 1, False, 0, 1, 132),     # GQA 1, one column
-    (128, 128, 32, 8, 1024, 2, True, 0, 2, 132),    # 2 streams
+    (128, 128, 8, 8, 513, 1, False, 0, 1, 132),  # GQA 1, one column
+    (128, 128, 32, 8, 1024, 2, True, 0, 2, 132),  # 2 streams
     (128, 128, 32, 8, 4096, 1, True, 128, 1, 132),  # rotated queries
     (192, 128, 64, 4, 777, 2, False, 64, 1, 132),
-    (128, 128, 32, 8, 65, 1, True, 0, 1, 4),        # few SMs: one split of two tiles
+    (128, 128, 32, 8, 65, 1, True, 0, 1, 4),  # few SMs: one split of two tiles
 ]
 
 
@@ -251,7 +251,7 @@ def test_fused_attn_split_combine_matches_softmax(
     got = emulate(q, k, v, mask, sinks, scale, n_rot, nsm).astype(np.float64)
     want = reference(q, k, v, mask, sinks, scale, n_rot)
     assert np.all(np.isfinite(got))
-    nmse = np.sum((got - want) ** 2) / np.sum(want ** 2)
+    nmse = np.sum((got - want) ** 2) / np.sum(want**2)
     assert nmse < 1e-10, nmse
 
 

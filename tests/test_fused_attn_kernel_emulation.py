@@ -1,27 +1,27 @@
-"""Patch 0023's CUDA kernels (k_attn_decode, k_attn_decode_combine; 0032's staged tiles, 0034's int8 K*Q, 0036's two
-tile buffers and parallel combine, 0037's permuted and rotated output, 0038's host-planned staging, 0040's V*P on
-tensor cores) run on the CPU, verbatim.
+"""The fused decode attention's CUDA kernels (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine; staged
+tiles, int8 K*Q, two tile buffers and a parallel combine, the permuted and rotated output, host-planned staging, V*P
+on tensor cores) run on the CPU, verbatim.
 
 tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu and the part file it includes,
 attn-decode-vmma.cuh, and dequantize-x8.cuh: the files the build compiles, tests/kernel_sources.py), a CUDA surface
-made of std::threads: a block's 128 threads run concurrently, __syncthreads() is a barrier, a warp shuffle an exchange
-between two barriers of the warp's threads (so a shuffle that some lane of a warp does not reach deadlocks: the
-timeout catches it), shared memory a buffer of exactly the launch's size filled with NaN (AddressSanitizer catches any
-access past it, and any read of a slot nothing wrote reaches the output as NaN); without cp.async, the tiles are
-staged by the kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS (the code NVIDIA's
-cp.async pipeline runs), into two. 0040's two warp-wide matrix instructions (mma.sync m16n8k16 and ldmatrix .trans)
-are exchanges between two barriers of the warp's 32 threads too, each lane's fragments laid out as the PTX ISA gives
-them, and its f16 arithmetic rounds each result once (to nearest even). Each case (8B shape, MiMo's K 192 at GQA 8/16,
-d 32 to 256, 1-64 columns, 1 to 16 tiles per split, several splits, 2 streams, f16/f32 mask, sinks, rotated queries,
-2- to 16-byte staging units, one or two buffers, the output as OUT_PROD leaves it or permuted and contiguous, with V's
-inverse rotation of 64 or 128 or without; f32 or tensor-core V*P) is compared with a float64 reference on the same
-quantized blocks, decoded independently of the kernel's dequantizer, with the queries int8 per 32 values as the
-kernel's K*Q takes them (quantized in float32 the same way); NMSE below 1e-9 (f32 V*P) or 1e-6 (V and P in f16). The
-same cases run on the HIP surface too (gfx90a as ggml's HIP build compiles it: 64-lane wavefronts, one tile buffer,
-the f32 V*P, 64 KiB of LDS: the one case past it is skipped as the host refuses it). Not covered: anything that
-differs between this emulation and a GPU (cp.async, the tensor cores' own accumulation order, memory model beyond
-barriers), and the graph matching in ggml-cuda.cu. CPU: one g++ compile per surface (~40-60 s) and ~3 min (CUDA) / ~1
-min (HIP) of runs; both compiles at once.
+made of std::threads: a block's 128 threads run concurrently, __syncthreads() is a barrier, a warp shuffle an
+exchange between two barriers of the warp's threads (so a shuffle that some lane of a warp does not reach deadlocks:
+the timeout catches it), shared memory a buffer of exactly the launch's size filled with NaN (AddressSanitizer
+catches any access past it, and any read of a slot nothing wrote reaches the output as NaN); without cp.async, the
+tiles are staged by the kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS (the code
+NVIDIA's cp.async pipeline runs), into two. The tensor-core V*P's two warp-wide matrix instructions (mma.sync
+m16n8k16 and ldmatrix .trans) are exchanges between two barriers of the warp's 32 threads too, each lane's fragments
+laid out as the PTX ISA gives them, and its f16 arithmetic rounds each result once (to nearest even). Each case (8B
+shape, MiMo's K 192 at GQA 8/16, d 32 to 256, 1-64 columns, 1 to 16 tiles per split, several splits, 2 streams,
+f16/f32 mask, sinks, rotated queries, 2- to 16-byte staging units, one or two buffers, the output as OUT_PROD leaves
+it or permuted and contiguous, with V's inverse rotation of 64 or 128 or without; f32 or tensor-core V*P) is
+compared with a float64 reference on the same quantized blocks, decoded independently of the kernel's dequantizer,
+with the queries int8 per 32 values as the kernel's K*Q takes them (quantized in float32 the same way); NMSE below
+1e-9 (f32 V*P) or 1e-6 (V and P in f16). The same cases run on the HIP surface too (gfx90a as ggml's HIP build
+compiles it: 64-lane wavefronts, one tile buffer, the f32 V*P, 64 KiB of LDS: the one case past it is skipped as the
+host refuses it). Not covered: anything that differs between this emulation and a GPU (cp.async, the tensor cores'
+own accumulation order, memory model beyond barriers), and the graph matching in ggml-cuda.cu. CPU: one g++ compile
+per surface (~40-60 s) and ~3 min (CUDA) / ~1 min (HIP) of runs; both compiles at once.
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ def kernel_part(tmp: Path) -> dict[str, Path]:
     kern = for_emulation(cut(text, "#define AD_NT", "static bool attn_decode_type_supported"))
     assert kern.count("g_smem") == 2, "the kernels' two extern __shared__ declarations"
     write_part(tmp, "attn-decode-vmma.cuh", kernel_source("attn-decode-vmma.cuh"))
-    return {"KERNEL_INC": write_part(tmp, "kernel.inc", kern),
-            "DEQ_INC": write_part(tmp, "deq.inc", dequantize_x8_part())}
+    return {
+        "KERNEL_INC": write_part(tmp, "kernel.inc", kern),
+        "DEQ_INC": write_part(tmp, "deq.inc", dequantize_x8_part()),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,7 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(harnesses):
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "all passed" in proc.stdout
-    # both V*P forms ran: the f32 one (every shape) and 0040's tensor-core one (d_v 128)
+    # both V*P forms ran: the f32 one (every shape) and the tensor-core one (d_v 128)
     assert proc.stdout.count(" vmma=0:") >= 20 and proc.stdout.count(" vmma=1:") >= 10, proc.stdout
 
 

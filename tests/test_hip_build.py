@@ -31,9 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "hip-toolchain.sh"
 
 # kernels that our patches add: their host stubs must be in the linked library
-PATCH_KERNELS = ("k_out_prod_q_vec", "k_out_prod_q_combine", "mul_mat_vec_q_short", "k_fwht_set_rows", "k_cont_fwht",
-                 "k_attn_decode", "k_attn_decode_combine",
-                 "dequantize_x8_rows")
+PATCH_KERNELS = (
+    "k_out_prod_q_vec",
+    "k_out_prod_q_combine",
+    "mul_mat_vec_q_short",
+    "k_fwht_set_rows",
+    "k_cont_fwht",
+    "k_attn_decode",
+    "k_attn_decode_combine",
+    "dequantize_x8_rows",
+)
 
 
 def _skip_reason() -> str | None:
@@ -69,9 +76,21 @@ def test_hip_toolchain_refuses_without_root_with_a_clear_message():
             shutil.copy(ROOT / "scripts" / name, d / "scripts" / name)
             os.chmod(d / "scripts" / name, 0o644)
         env = {"PATH": os.environ["PATH"], "HOME": str(d), "LLAMA_VQ_HIP_CHROOT": str(d / "chroot")}
-        proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash",
-                               str(d / "scripts" / "hip-toolchain.sh"), "provision"], env=env, capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "bash",
+                str(d / "scripts" / "hip-toolchain.sh"),
+                "provision",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode != 0
         assert "needs root" in proc.stderr and "Nothing was changed" in proc.stderr, proc.stderr
         assert not (d / "chroot").exists()
@@ -90,8 +109,9 @@ def test_hip_build_for_gfx90a_links_libggml_hip_the_server_engine_and_test_backe
     if env.get("LLAMA_VQ_HIP_FA", "OFF").upper() != "ON":
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DGGML_CUDA_FA=OFF").strip()
     t0 = time.monotonic()
-    proc = subprocess.run(["nice", "-n", "5", "bash", str(SCRIPT), "build"], env=env, capture_output=True,
-                          text=True, timeout=80 * 60)
+    proc = subprocess.run(
+        ["nice", "-n", "5", "bash", str(SCRIPT), "build"], env=env, capture_output=True, text=True, timeout=80 * 60
+    )
     took = time.monotonic() - t0
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"HIP build failed after {took:.0f} s:\n{tail}"
@@ -125,7 +145,7 @@ def _runtime_stage_script(port: int) -> str:
         elif word == "USER":
             user = rest
         elif word == "HEALTHCHECK":
-            health = json.loads(rest[rest.index("CMD") + 3:])
+            health = json.loads(rest[rest.index("CMD") + 3 :])
         elif word == "ENTRYPOINT":
             entry = json.loads(rest)
         elif word not in ("EXPOSE", "ARG"):
@@ -138,10 +158,10 @@ def _runtime_stage_script(port: int) -> str:
         f"export LLAMA_ARG_PORT={port}",
         f"{as_user} {shlex.join(entry)} > /tmp/server.log 2>&1 &",
         "pid=$!",
-        "stop() { kill $(pgrep -P \"$pid\") \"$pid\" 2>/dev/null || true; }",
+        'stop() { kill $(pgrep -P "$pid") "$pid" 2>/dev/null || true; }',
         "for i in $(seq 600); do",  # the image's start period is 300 s; poll twice a second
         f"    if {as_user} {shlex.join(health)} 2>/dev/null; then",
-        "        users=$(ps -o user= -p \"$(pgrep -P \"$pid\")\")",
+        '        users=$(ps -o user= -p "$(pgrep -P "$pid")")',
         '        echo "healthy after $i polls; server user: $users"; stop; exit 0',
         "    fi",
         '    kill -0 "$pid" 2>/dev/null || { cat /tmp/server.log; exit 1; }',
@@ -158,12 +178,15 @@ def test_rocm_image_runtime_steps_install_the_hip_wheels_and_serve_health_as_non
     if reason:
         pytest.skip(reason)
     script = _runtime_stage_script(free_port)
-    proc = subprocess.run(["bash", str(SCRIPT), "ephemeral", "bash", "-c", script], capture_output=True, text=True,
-                          timeout=20 * 60)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "ephemeral", "bash", "-c", script], capture_output=True, text=True, timeout=20 * 60
+    )
     out = proc.stdout + proc.stderr
     if proc.returncode != 0 and "cannot stat '/src/llama-vq/dist/*.whl'" in out:
-        pytest.fail("no HIP wheels: test_hip_build_for_gfx90a_links_libggml_hip_the_server_engine_and_test_backend_ops "
-                    "builds them")
+        pytest.fail(
+            "no HIP wheels: test_hip_build_for_gfx90a_links_libggml_hip_the_server_engine_and_test_backend_ops "
+            "builds them"
+        )
     assert proc.returncode == 0, out[-6000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("healthy after") and last.endswith("server user: llama-vq"), last

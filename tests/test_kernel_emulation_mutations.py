@@ -1,8 +1,9 @@
 """The wavefront-64 emulation can fail: two bugs of the kind a 64-wide wavefront exposes, put back into the kernels'
 source by a textual mutation, must fail on the HIP surface and pass on the CUDA one (so the failure is the width's).
 
-1. 0017's old lane exchange in k_fwht_set_rows (fwht-fused.cu; 0030 replaced it): lanes quantize 32-value blocks that
-   other lanes staged in shared memory, ordered only by ggml_cuda_syncwarp(), a no-op on HIP. Built with
+1. A lane exchange in k_fwht_set_rows (fwht-fused.cu) ordered by a warp barrier instead of the block barrier: lanes
+   quantize 32-value blocks that other lanes staged in shared memory, ordered only by ggml_cuda_syncwarp(), a no-op on
+   HIP. Built with
    ThreadSanitizer: the unordered exchange is a data race between the wavefront's lanes whatever the threads' timing,
    so the report is deterministic. The unmutated kernel is race-free on the same surface (no false report from the
    emulation's own barriers), and the mutated one on the CUDA surface, where __syncwarp() orders the exchange.
@@ -21,9 +22,13 @@ pytestmark = pytest.mark.slow
 FWHT_ONLY = ("-DEMU_JOBS=8",)
 MMVQ_ONLY = ("-DEMU_JOBS=2",)
 
-# 0030's block barrier back to 0017's syncwarp (the early return of whole warps stays after it, as 0017 had it first)
-OLD_LANE_EXCHANGE = {"FWHT_INC": ("    __syncthreads();\n    if (g >= nseg) {\n        return;\n    }\n",
-                                  "    ggml_cuda_syncwarp();\n    if (g >= nseg) {\n        return;\n    }\n")}
+# the block barrier turned into a warp barrier (the early return of whole warps stays after it)
+OLD_LANE_EXCHANGE = {
+    "FWHT_INC": (
+        "    __syncthreads();\n    if (g >= nseg) {\n        return;\n    }\n",
+        "    ggml_cuda_syncwarp();\n    if (g >= nseg) {\n        return;\n    }\n",
+    )
+}
 
 WRITE_BACK = "                if (lane == 0 && valid[c] && k < k1) {\n"
 
@@ -31,8 +36,10 @@ WRITE_BACK = "                if (lane == 0 && valid[c] && k < k1) {\n"
 def ballot_32(surface: str) -> dict[str, tuple[str, str]]:
     pred = "lane == 0 && valid[c] && k < k1"
     call = f"__ballot({pred})" if surface == "hip" else f"__ballot_sync(0xffffffff, {pred})"
-    new = (f"                const unsigned writers = {call};\n"
-           "                if (((uint64_t) writers >> (threadIdx.x % ggml_cuda_get_physical_warp_size())) & 1) {\n")
+    new = (
+        f"                const unsigned writers = {call};\n"
+        "                if (((uint64_t) writers >> (threadIdx.x % ggml_cuda_get_physical_warp_size())) & 1) {\n"
+    )
     return {"MMVQ_INC": (WRITE_BACK, new)}
 
 

@@ -1,7 +1,7 @@
 """Our CUDA kernels other than the fused attention, run on the CPU at both warp widths, from the source the build
-compiles: the short-row K*Q with and without the query rotation (mmvq-short.cu, 0012/0017), the quantized OUT_PROD's
-vector kernel and its combine (out-prod-q.cu, 0011/0015/0028), the rotation fusions SET_ROWS and CONT with 0044's rope
-fold (fwht-fused.cu, 0017/0030/0044), and dequantize_x8_rows (dequantize-x8.cuh, 0011/0033).
+compiles: the short-row K*Q with and without the query rotation (mmvq-short.cu), the quantized OUT_PROD's vector
+kernel and its combine (out-prod-q.cu), the rotation fusions SET_ROWS and CONT with K's rope folded in
+(fwht-fused.cu), and dequantize_x8_rows (dequantize-x8.cuh).
 
 tests/fused_attn_emu/kernels_harness.cpp runs them on cuda_surface.h's threads: once on the CUDA surface (32-lane
 warps) and once on gfx90a's as ggml's HIP build compiles it (-DGGML_USE_HIP: 64-lane wavefronts, the *_sync shuffles

@@ -1,6 +1,7 @@
 """benchmarks/mi210.sh, the script an MI210 owner runs, exercised here so that its first run there does not fail on a
 typo: its fidelity step end to end on the CPU build's tools (PROXY=cuda with DEV=CPU: no build, the given tools), and
-its refusals. Steps 2 and 3 need a GPU to mean anything (RESULTS, round 12: tried on the H200 with PROXY=cuda)."""
+its refusals. Steps 2 and 3 need a GPU to mean anything (benchmarks/RESULTS.md has them tried on an H200 with
+PROXY=cuda)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_every_shell_script_parses():
-    scripts = sorted([*ROOT.glob("benchmarks/*.sh"), *ROOT.glob("scripts/*.sh")])
+    scripts = sorted([*ROOT.glob("benchmarks/**/*.sh"), *ROOT.glob("scripts/*.sh")])
     assert SCRIPT in scripts
     for s in scripts:
         r = subprocess.run(["bash", "-n", str(s)], capture_output=True, text=True)
@@ -30,8 +31,9 @@ def test_every_shell_script_parses():
 def test_proxy_mode_needs_the_tools_folder(tmp_path):
     env = _env(PROXY="cuda")
     env.pop("BIN", None)
-    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode != 0
     assert "PROXY=cuda needs BIN" in r.stderr
 
@@ -46,9 +48,18 @@ def test_fidelity_step_runs_end_to_end_on_the_cpu_tools(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
         ["bash", str(SCRIPT), str(out)],
-        env=_env(PROXY="cuda", DEV="CPU", BIN=str(BIN_DIR), STEPS="4", KL_CHUNKS="1",
-                 KL_MODEL=str(models.default_model_path())),
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env=_env(
+            PROXY="cuda",
+            DEV="CPU",
+            BIN=str(BIN_DIR),
+            STEPS="4",
+            KL_CHUNKS="1",
+            KL_MODEL=str(models.default_model_path()),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
     )
     report = (out / "mi210.txt").read_text()
     assert r.returncode == 0, report + r.stderr[-3000:]
@@ -71,9 +82,18 @@ def test_two_gpu_step_runs_end_to_end_on_two_rpc_devices(tmp_path, mimo_path):
     out = tmp_path / "out"
     r = subprocess.run(
         ["bash", str(SCRIPT), str(out)],
-        env=_env(PROXY="cuda", DEV="CPU", BIN=str(BIN_DIR), STEPS="5", MODEL_DIR=str(models),
-                 TWO_GPU_ARGS="--dry-run --rpc 2"),
-        capture_output=True, text=True, timeout=900, cwd=ROOT,
+        env=_env(
+            PROXY="cuda",
+            DEV="CPU",
+            BIN=str(BIN_DIR),
+            STEPS="5",
+            MODEL_DIR=str(models),
+            TWO_GPU_ARGS="--dry-run --rpc 2",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
     )
     report = (out / "mi210.txt").read_text()
     assert r.returncode == 0, report + r.stderr[-3000:]

@@ -134,13 +134,15 @@ def _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream
     try:
         cache = ggml.ggml_new_tensor_4d(ctx, t, d_v * n_head_kv, kv_size, n_stream, 1)
         values = rng.standard_normal(d_v * n_head_kv * kv_size * n_stream).astype(np.float32)
-        written = ggml.ggml_quantize_chunk(t, values.ctypes.data, ggml.ggml_get_data(cache), 0,
-                                           kv_size * n_stream, d_v * n_head_kv, None)
+        written = ggml.ggml_quantize_chunk(
+            t, values.ctypes.data, ggml.ggml_get_data(cache), 0, kv_size * n_stream, d_v * n_head_kv, None
+        )
         assert written == cache_bytes
         raw = ctypes.string_at(ggml.ggml_get_data(cache), cache_bytes)
 
-        v = ggml.ggml_view_4d(ctx, cache, d_v, n_head_kv, n_kv, n_stream,
-                              ggml.ggml_row_size(t, d_v), row, row * kv_size, 0)
+        v = ggml.ggml_view_4d(
+            ctx, cache, d_v, n_head_kv, n_kv, n_stream, ggml.ggml_row_size(t, d_v), row, row * kv_size, 0
+        )
         v = ggml.ggml_permute(ctx, v, 0, 2, 1, 3)  # [d_v, n_kv, n_head_kv, n_stream]
 
         # kq_pad > 0: kq is a view of the first n_tokens of n_tokens + kq_pad rows, so its heads are not one
@@ -149,8 +151,18 @@ def _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream
         p_all = rng.random((n_stream, n_head, n_tokens + kq_pad, n_kv), dtype=np.float32)
         ctypes.memmove(ggml.ggml_get_data(kq_all), p_all.ctypes.data, p_all.nbytes)
         p = p_all[:, :, :n_tokens]
-        kq = ggml.ggml_view_4d(ctx, kq_all, n_kv, n_tokens, n_head, n_stream, 4 * n_kv, 4 * n_kv * (n_tokens + kq_pad),
-                               4 * n_kv * (n_tokens + kq_pad) * n_head, 0)
+        kq = ggml.ggml_view_4d(
+            ctx,
+            kq_all,
+            n_kv,
+            n_tokens,
+            n_head,
+            n_stream,
+            4 * n_kv,
+            4 * n_kv * (n_tokens + kq_pad),
+            4 * n_kv * (n_tokens + kq_pad) * n_head,
+            0,
+        )
 
         out = ggml.ggml_out_prod(ctx, v, ggml.ggml_transpose(ctx, kq))
         assert ggml.ggml_nbytes(out) == out_bytes
@@ -187,7 +199,7 @@ CASES = [
     ("q5_1", 64, 40, 2, 2, 3, 2, 2),
     ("iq4_nl", 128, 45, 2, 1, 2, 1, 2),  # no GQA
     ("q4_0", 256, 5, 2, 2, 64, 1, 1),  # fewer rows than one tile, one thread
-    # decode: <= 4 dst columns per V matrix, q4_0 / q8_0 / iq4_nl go through the register kernel (0018)
+    # decode: <= 4 dst columns per V matrix, q4_0 / q8_0 / iq4_nl go through the register kernel
     ("q8_0", 64, 50, 3, 1, 1, 1, 2),  # one column per V matrix
     ("q4_0", 128, 77, 2, 4, 1, 2, 3),  # Llama-3 8B's GQA 4, 2 streams, 3 threads
     ("iq4_nl", 192, 30, 1, 3, 1, 1, 7),  # 6 block columns, more threads than work items
@@ -213,22 +225,43 @@ PADDED_KQ_CASES = [
 
 
 @pytest.mark.parametrize("type_name,d_v,n_kv,n_head_kv,gqa,n_tokens,n_stream,n_threads", CASES)
-def test_cpu_out_prod_of_quantized_v_matches_float64_reference(ggml, type_name, d_v, n_kv, n_head_kv, gqa,
-                                                               n_tokens, n_stream, n_threads):
-    got, ref = _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads,
-                             seed=zlib.crc32(repr((type_name, d_v, n_kv, gqa, n_tokens)).encode()))
+def test_cpu_out_prod_of_quantized_v_matches_float64_reference(
+    ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads
+):
+    got, ref = _run_out_prod(
+        ggml,
+        type_name,
+        d_v,
+        n_kv,
+        n_head_kv,
+        gqa,
+        n_tokens,
+        n_stream,
+        n_threads,
+        seed=zlib.crc32(repr((type_name, d_v, n_kv, gqa, n_tokens)).encode()),
+    )
     assert np.isfinite(got).all(), "some outputs were not written"
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert err < REL_TOL, f"normwise relative error {err:.3g} >= {REL_TOL}"
 
 
 @pytest.mark.parametrize("type_name,d_v,n_kv,n_head_kv,gqa,n_tokens,n_stream,n_threads,kq_pad", PADDED_KQ_CASES)
-def test_cpu_out_prod_of_quantized_v_with_strided_kq_matches_float64_reference(ggml, type_name, d_v, n_kv, n_head_kv,
-                                                                               gqa, n_tokens, n_stream, n_threads,
-                                                                               kq_pad):
-    got, ref = _run_out_prod(ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads,
-                             seed=zlib.crc32(repr((type_name, d_v, n_kv, gqa, n_tokens, kq_pad)).encode()),
-                             kq_pad=kq_pad)
+def test_cpu_out_prod_of_quantized_v_with_strided_kq_matches_float64_reference(
+    ggml, type_name, d_v, n_kv, n_head_kv, gqa, n_tokens, n_stream, n_threads, kq_pad
+):
+    got, ref = _run_out_prod(
+        ggml,
+        type_name,
+        d_v,
+        n_kv,
+        n_head_kv,
+        gqa,
+        n_tokens,
+        n_stream,
+        n_threads,
+        seed=zlib.crc32(repr((type_name, d_v, n_kv, gqa, n_tokens, kq_pad)).encode()),
+        kq_pad=kq_pad,
+    )
     assert np.isfinite(got).all(), "some outputs were not written"
     err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert err < REL_TOL, f"normwise relative error {err:.3g} >= {REL_TOL}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_support import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -47,17 +47,20 @@ print("smoke ok:", where, repr(text), llama_vq.build_info().patches[-1])
 
 def _run(cmd, *, cwd: Path, env: dict | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
     r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, f"{' '.join(map(str, cmd))} failed ({r.returncode}):\n{r.stdout[-3000:]}\n" \
-                              f"{r.stderr[-3000:]}"
+    assert r.returncode == 0, (
+        f"{' '.join(map(str, cmd))} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    )
     return r
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
     """The environment of a user's shell: nothing that points Python or the build at this checkout or the suite."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LLAMA_VQ_", "LLAMA_CPP_", "PYTEST", "CMAKE_ARGS"))}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if not p.startswith(str(ROOT)))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LLAMA_VQ_", "LLAMA_CPP_", "PYTEST", "CMAKE_ARGS"))
+    }
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(str(ROOT)))
     env.update(extra)
     return env
 
@@ -76,18 +79,26 @@ def dist(tmp_path_factory) -> Path:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server_answers_health(venv: Path, model: Path, cwd: Path) -> dict:
-    port = _free_port()
+    port = free_port()
     log = (cwd / "server.log").open("wb")
-    proc = subprocess.Popen([venv / "bin" / "llama-vq-server", "--model", model, "--host", "127.0.0.1",
-                             "--port", str(port), "--ctx-size", "256"],
-                            cwd=cwd, env=_clean_env(), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            venv / "bin" / "llama-vq-server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--ctx-size",
+            "256",
+        ],
+        cwd=cwd,
+        env=_clean_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -113,7 +124,8 @@ def test_wheels_install_into_a_fresh_venv_and_run_without_the_source_tree(dist, 
     (ours,) = [w for w in wheels if w.name.startswith("llama_vq-")]
     names = zipfile.ZipFile(ours).namelist()
     assert {n.split("/")[0] for n in names if "/" in n and not n.split("/")[0].endswith(".dist-info")} == {
-        "llama_vq"}, sorted({n.split("/")[0] for n in names})
+        "llama_vq"
+    }, sorted({n.split("/")[0] for n in names})
     assert "llama_vq/server/cli.py" in names and "llama_vq/lib/libllama-vq-server.so" in names
     away = tmp_path / "elsewhere"
     away.mkdir()
@@ -134,22 +146,37 @@ def test_readme_one_line_install_from_the_sdist_builds_once_and_works(dist, smol
     py = _venv(tmp_path / "venv")
     # llama-cpp-python's sdist, the pinned file tools/vendor.py fetched and checked, where pip looks first (CI
     # machines need not reach the index for a file already here)
-    pinned_sdist = subprocess.run([sys.executable, ROOT / "tools" / "vendor.py", "sdist"], capture_output=True,
-                                  text=True, check=True).stdout.strip().splitlines()[-1]
+    pinned_sdist = (
+        subprocess.run(
+            [sys.executable, ROOT / "tools" / "vendor.py", "sdist"], capture_output=True, text=True, check=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     t0 = time.monotonic()
     # the README's line: the variable reaches llama-cpp-python's build (bindings only) and ours (ignored)
-    r = _run([py, "-m", "pip", "install", "--find-links", Path(pinned_sdist).parent, "./llama-vq"], cwd=tmp_path,
-             env=_clean_env(CMAKE_ARGS="-DLLAMA_BUILD=OFF"))
+    r = _run(
+        [py, "-m", "pip", "install", "--find-links", Path(pinned_sdist).parent, "./llama-vq"],
+        cwd=tmp_path,
+        env=_clean_env(CMAKE_ARGS="-DLLAMA_BUILD=OFF"),
+    )
     seconds = time.monotonic() - t0
     record_property("sdist_install_seconds", round(seconds, 1))
-    print(f"\nCMAKE_ARGS=\"-DLLAMA_BUILD=OFF\" pip install ./llama-vq: {seconds:.0f} s")
+    print(f'\nCMAKE_ARGS="-DLLAMA_BUILD=OFF" pip install ./llama-vq: {seconds:.0f} s')
     shutil.rmtree(tmp_path / "llama-vq")  # nothing of the source tree is left to import from
     away = tmp_path / "elsewhere"
     away.mkdir()
     r = _run([py, "-c", SMOKE, tmp_path / "venv", smollm2_path], cwd=away, env=_clean_env())
     print(r.stdout.strip())
     # one native build: llama-cpp-python installed no libllama of its own
-    r = _run([py, "-c", "import importlib.util as u, pathlib; s = u.find_spec('llama_cpp'); "
-                        "print(*sorted(p.name for p in pathlib.Path(s.origin).parent.rglob('*.so')))"],
-             cwd=away, env=_clean_env())
+    r = _run(
+        [
+            py,
+            "-c",
+            "import importlib.util as u, pathlib; s = u.find_spec('llama_cpp'); "
+            "print(*sorted(p.name for p in pathlib.Path(s.origin).parent.rglob('*.so')))",
+        ],
+        cwd=away,
+        env=_clean_env(),
+    )
     assert "libllama.so" not in r.stdout.split(), r.stdout

@@ -45,8 +45,10 @@ HEADER = "Description: x\nAuthor: a\nForwarded: no\nLast-Update: 2026-12-03\n---
 def _edit(path: str, old_start: int, lines: list[str]) -> str:
     n_old = sum(1 for line in lines if line[0] in " -")
     n_new = sum(1 for line in lines if line[0] in " +")
-    return (f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
-            f"@@ -{old_start},{n_old} +{old_start},{n_new} @@\n" + "".join(line + "\n" for line in lines))
+    return (
+        f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
+        f"@@ -{old_start},{n_old} +{old_start},{n_new} @@\n" + "".join(line + "\n" for line in lines)
+    )
 
 
 def test_lint_passes_on_the_series():
@@ -54,13 +56,21 @@ def test_lint_passes_on_the_series():
 
 
 def test_lint_refuses_a_new_file_a_file_of_ours_a_long_header_and_disorder(tmp_path):
-    new_file = HEADER + "diff --git a/src/x.c b/src/x.c\nnew file mode 100644\n--- /dev/null\n+++ b/src/x.c\n" \
-                        "@@ -0,0 +1 @@\n+int x;\n"
+    new_file = (
+        HEADER + "diff --git a/src/x.c b/src/x.c\nnew file mode 100644\n--- /dev/null\n+++ b/src/x.c\n"
+        "@@ -0,0 +1 @@\n+int x;\n"
+    )
     ours = HEADER + _edit("ggml/src/ggml-cuda/k.cu", 1, ["-a", "+b"])
     long_header = "Description: x\n" + " more\n" * 20 + "Author: a\nForwarded: maybe\nLast-Update: 1\n---\n"
-    root = _mini_root(tmp_path, {"0002-new-file.patch": new_file, "0001-ours.patch": ours,
-                                 "0003-long.patch": long_header + _edit("src/a.c", 1, ["-a", "+b"])},
-                      native={"native/ggml/ggml-cuda/k.cu": "a\n"})
+    root = _mini_root(
+        tmp_path,
+        {
+            "0002-new-file.patch": new_file,
+            "0001-ours.patch": ours,
+            "0003-long.patch": long_header + _edit("src/a.c", 1, ["-a", "+b"]),
+        },
+        native={"native/ggml/ggml-cuda/k.cu": "a\n"},
+    )
     problems = "\n".join(_lint.lint_static(root))
     assert "0002-new-file.patch: creates src/x.c" in problems
     assert "0001-ours.patch: changes ggml/src/ggml-cuda/k.cu, a file of ours" in problems
@@ -78,8 +88,10 @@ def test_lint_refuses_a_patch_that_changes_an_earlier_patchs_line(tmp_path):
     second = HEADER + _edit("src/a.c", 1, [" one", "-TWO", "+2", " three"])
     root = _mini_root(tmp_path, {"0001-first.patch": first, "0002-second.patch": second})
     problems = _lint.provenance(root, base)
-    assert problems == ["0002-second.patch: changes line 2 of src/a.c, which 0001-first.patch added: "
-                        "fold the change into 0001-first.patch"]
+    assert problems == [
+        "0002-second.patch: changes line 2 of src/a.c, which 0001-first.patch added: "
+        "fold the change into 0001-first.patch"
+    ]
     fine = HEADER + _edit("src/a.c", 1, [" one", " TWO", "-three", "+3"])
     root2 = _mini_root(tmp_path / "2", {"0001-first.patch": first, "0002-fine.patch": fine})
     assert _lint.provenance(root2, base) == []
@@ -112,15 +124,21 @@ def test_a_fixup_commit_rewrites_only_its_patch(tmp_path):
     target = next(n for n in _pin.read_series() if "iq4_nl" in n)
     rev = _patch_queue.git(dev, "log", "--format=%H", "--fixed-strings", f"--grep={target}", "-1").strip()
     cpy = dev / "ggml/src/ggml-cuda/cpy.cu"
-    cpy.write_text(cpy.read_text().replace("static __device__ void cpy_blck_iq4_nl_f32(",
-                                           "// fixed up\nstatic __device__ void cpy_blck_iq4_nl_f32(", 1))
+    cpy.write_text(
+        cpy.read_text().replace(
+            "static __device__ void cpy_blck_iq4_nl_f32(", "// fixed up\nstatic __device__ void cpy_blck_iq4_nl_f32(", 1
+        )
+    )
     _patch_queue.git(dev, "commit", "-q", "-a", f"--fixup={rev}")
     _patch_queue.git(dev, "rebase", "-q", "-i", "--autosquash", "upstream", env={"GIT_SEQUENCE_EDITOR": "true"})
     out = tmp_path / "out"
     (out / "patches").mkdir(parents=True)
     assert _patch_queue.write_queue(dev, out) == _pin.read_series()
-    changed = [p.name for p in sorted((out / "patches").glob("*.patch"))
-               if p.read_bytes() != (_pin.PATCHES / p.name).read_bytes()]
+    changed = [
+        p.name
+        for p in sorted((out / "patches").glob("*.patch"))
+        if p.read_bytes() != (_pin.PATCHES / p.name).read_bytes()
+    ]
     assert changed == [target]
     assert "+// fixed up" in (out / "patches" / target).read_text()
 
@@ -149,6 +167,9 @@ def test_rebase_onto_a_changed_upstream_merges_and_writes(tmp_path):
 
 
 def test_cli_digest_runs():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "patches.py"), "digest", str(ROOT / "patches")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "patches.py"), "digest", str(ROOT / "patches")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0 and len(proc.stdout.strip()) == 64, proc.stderr

@@ -43,9 +43,29 @@ def test_compute_threads_are_the_busiest_threads_and_switches_count_per_token_ea
 @pytest.mark.slow  # llama-server's first build on a fresh machine takes minutes; the benchmark itself ~10 s
 def test_throughput_runs_both_servers_in_rounds_and_summary_reads_it(smollm2_path, llama_server_bin, tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, str(BENCH), "throughput", "--model", str(smollm2_path), "--llama-server",
-           str(llama_server_bin), "--clients", ",".join(map(str, CLIENTS)), "--requests", "1", "--max-tokens",
-           str(MAX_TOKENS), "--rounds", str(ROUNDS), "--threads", "1", "--ctx", "1024", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(BENCH),
+        "throughput",
+        "--model",
+        str(smollm2_path),
+        "--llama-server",
+        str(llama_server_bin),
+        "--clients",
+        ",".join(map(str, CLIENTS)),
+        "--requests",
+        "1",
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--rounds",
+        str(ROUNDS),
+        "--threads",
+        "1",
+        "--ctx",
+        "1024",
+        "--out",
+        str(out),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
 
@@ -82,8 +102,12 @@ def test_throughput_runs_both_servers_in_rounds_and_summary_reads_it(smollm2_pat
             ours, theirs, median = float(cells[2]), float(cells[3]), float(cells[5].strip("*"))
             assert ours > 0 and theirs > 0 and median > 0
 
-    s = subprocess.run([sys.executable, str(BENCH), "summary", str(out / "throughput.json"), "--ratio-clients", "2"],
-                       capture_output=True, text=True, timeout=60)
+    s = subprocess.run(
+        [sys.executable, str(BENCH), "summary", str(out / "throughput.json"), "--ratio-clients", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert s.returncode == 0, s.stderr[-3000:]
     lines = s.stdout.splitlines()
     for server in ("ours", "llama-server"):

@@ -75,7 +75,11 @@ def test_streamed_chat_equals_the_non_streamed_greedy_answer(client):
     full = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=24, temperature=0)
     chunks = list(
         client.chat.completions.create(
-            model="smol", messages=CHAT, max_tokens=24, temperature=0, stream=True,
+            model="smol",
+            messages=CHAT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
             stream_options={"include_usage": True},
         )
     )
@@ -180,8 +184,9 @@ def test_repeated_prompt_reuses_the_cached_prefix(http):
 
 
 def test_logprobs_are_reported_per_token(client):
-    r = client.chat.completions.create(model="smol", messages=CHAT, max_tokens=3, temperature=0, logprobs=True,
-                                       top_logprobs=2)
+    r = client.chat.completions.create(
+        model="smol", messages=CHAT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens == 3
     assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content)
@@ -192,8 +197,9 @@ def test_logprobs_are_reported_per_token(client):
 def test_responses_api_through_the_openai_client(client):
     r = client.responses.create(model="smol", input="Say hi.", max_output_tokens=8, temperature=0)
     assert r.status == "completed" and r.output_text and r.usage.output_tokens <= 8
-    events = list(client.responses.create(model="smol", input="Say hi.", max_output_tokens=8, temperature=0,
-                                          stream=True))
+    events = list(
+        client.responses.create(model="smol", input="Say hi.", max_output_tokens=8, temperature=0, stream=True)
+    )
     types = [e.type for e in events]
     assert types[0] == "response.created" and types[-1] == "response.completed", types
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -236,16 +242,20 @@ def test_wrong_completion_parameters_are_400(http, body):
 
 def test_prompt_longer_than_the_context_is_400_stating_both_numbers(http):
     long = "word " * 1500
-    for path, body in (("/v1/completions", {"prompt": long}),
-                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]})):
+    for path, body in (
+        ("/v1/completions", {"prompt": long}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]}),
+    ):
         err = error_of(http.post(path, json={**body, "max_tokens": 1}), 400)
         assert err["type"] == "exceed_context_size_error" and err["n_ctx"] == 1024, err
         assert err["n_prompt_tokens"] > 1024 and "1024" in err["message"]
 
 
 def test_features_off_are_501_naming_the_flag(http):
-    for path, body, flag in (("/v1/embeddings", {"input": "x"}, "--embeddings"),
-                             ("/rerank", {"query": "x", "documents": ["a"]}, "--reranking")):
+    for path, body, flag in (
+        ("/v1/embeddings", {"input": "x"}, "--embeddings"),
+        ("/rerank", {"query": "x", "documents": ["a"]}, "--reranking"),
+    ):
         err = error_of(http.post(path, json=body), 501)
         assert err["type"] == "not_supported_error" and flag in err["message"]
 
@@ -255,8 +265,7 @@ def test_features_off_are_501_naming_the_flag(http):
 
 def test_oversized_body_is_refused_before_it_is_read(http):
     big = b'{"messages": [{"role": "user", "content": "' + b"x" * (3 << 19) + b'"}]}'
-    err = error_of(http.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"}),
-                   413)
+    err = error_of(http.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"}), 413)
     assert "1048576" in err["message"]
 
 
@@ -278,9 +287,26 @@ def test_unknown_path_and_wrong_method_use_the_error_body(http):
 
 def test_openapi_lists_llama_servers_routes(http):
     paths = http.get("/openapi.json").json()["paths"]
-    for p in ("/health", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
-              "/v1/messages/count_tokens", "/completion", "/tokenize", "/detokenize", "/apply-template", "/infill",
-              "/v1/embeddings", "/rerank", "/slots", "/slots/{id_slot}", "/lora-adapters", "/props", "/metrics"):
+    for p in (
+        "/health",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/completion",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/infill",
+        "/v1/embeddings",
+        "/rerank",
+        "/slots",
+        "/slots/{id_slot}",
+        "/lora-adapters",
+        "/props",
+        "/metrics",
+    ):
         assert p in paths, p
     assert "post" in paths["/v1/chat/completions"] and "get" in paths["/v1/models"]
     assert http.get("/docs").status_code == 200

@@ -29,8 +29,17 @@ def srv(smollm2_path, tmp_path_factory):
     d = tmp_path_factory.mktemp("auth")
     (d / "keys").write_text("# server keys\nfile-key\n")
     s = ServerProcess(
-        smollm2_path, "--api-key", KEY, "--api-key", "second-key,third-key", "--api-key-file", str(d / "keys"),
-        "--alias", "smol", log_dir=d, api_key=KEY,
+        smollm2_path,
+        "--api-key",
+        KEY,
+        "--api-key",
+        "second-key,third-key",
+        "--api-key-file",
+        str(d / "keys"),
+        "--alias",
+        "smol",
+        log_dir=d,
+        api_key=KEY,
     )
     try:
         s.wait_ready()
@@ -81,15 +90,20 @@ def test_generation_needs_the_key_through_the_clients(srv):
     # the anthropic client sends X-Api-Key
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0).messages.create(
-            model="smol", max_tokens=2, messages=body["messages"])
+            model="smol", max_tokens=2, messages=body["messages"]
+        )
     msg = anthropic.Anthropic(base_url=srv.url, api_key="file-key", max_retries=0, timeout=120).messages.create(
-        model="smol", max_tokens=2, messages=body["messages"])
+        model="smol", max_tokens=2, messages=body["messages"]
+    )
     assert msg.role == "assistant" and msg.usage.output_tokens <= 2
 
 
 def test_cors_preflight_needs_no_key(srv):
-    pre = {"Origin": "http://ui.test", "Access-Control-Request-Method": "POST",
-           "Access-Control-Request-Headers": "authorization,content-type"}
+    pre = {
+        "Origin": "http://ui.test",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    }
     r = httpx.options(srv.url + "/v1/chat/completions", headers=pre)
     assert r.status_code in (200, 204), r.text
     # llama-server's default CORS: any origin, with credentials, so the origin is echoed
@@ -127,8 +141,12 @@ def test_options_without_an_origin_is_a_200_without_a_key(srv, path):
 
 
 def test_the_key_never_appears_in_the_log(srv):
-    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
-                                                           "max_tokens": 2}, headers=srv.headers(), timeout=120)
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+        headers=srv.headers(),
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     _is_401(httpx.get(srv.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}-wrong"}))
     log = srv.log()
@@ -154,8 +172,15 @@ def test_every_route_answers_503_loading_model_until_the_model_is_loaded(tmp_pat
                 time.sleep(0.05)
         assert r is not None, s.log()
         assert r.status_code == 503 and r.json() == LOADING, r.text
-        for method, path in (("GET", "/v1/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
-                             ("GET", "/metrics"), ("POST", "/completion"), ("GET", "/openapi.json"), ("GET", "/docs")):
+        for method, path in (
+            ("GET", "/v1/health"),
+            ("GET", "/v1/models"),
+            ("POST", "/v1/chat/completions"),
+            ("GET", "/metrics"),
+            ("POST", "/completion"),
+            ("GET", "/openapi.json"),
+            ("GET", "/docs"),
+        ):
             r = httpx.request(method, s.url + path, json={} if method == "POST" else None, timeout=5)
             assert r.status_code == 503 and r.json() == LOADING, (path, r.text)
         # as llama-server, the state is checked before the key: no key, or a wrong one, is a 503 too

@@ -1,6 +1,7 @@
 """A client's mistakes get 4xx with llama-server's error body, never 5xx, and the engine keeps serving: one test per
 class of mistake (a body that is not JSON, a field of the wrong type, a missing field or content the model cannot
-take, a slot id that names no slot). Answered by llama-server's handlers (patch 0020), through our ABI.
+take, a slot id that names no slot). Answered by llama-server's handlers (patch 0020-server-client-errors-are-4xx),
+through our ABI.
 
 CPU cost: one server (~2 s to load), a few 2-token generations.
 """
@@ -57,8 +58,16 @@ def _still_serves(srv) -> None:  # noqa: ANN001
         ("/v1/messages", b"{not json"),
         ("/v1/responses", b'{"input": "Hi'),
     ],
-    ids=["truncated", "empty", "trailing-garbage", "invalid-utf8", "lone-surrogate", "number-overflow", "messages",
-         "responses"],
+    ids=[
+        "truncated",
+        "empty",
+        "trailing-garbage",
+        "invalid-utf8",
+        "lone-surrogate",
+        "number-overflow",
+        "messages",
+        "responses",
+    ],
 )
 def test_a_body_that_is_not_json_is_a_400(srv, path, raw):
     _is_400(_post(srv, path, raw))
@@ -75,8 +84,14 @@ def test_a_body_that_is_not_json_is_a_400(srv, path, raw):
         ("/completion", {"prompt": {"a": 1}, "n_predict": 2}),
         ("/apply-template", {"messages": [{"role": "user", "content": {"a": 1}}]}),
     ],
-    ids=["detokenize-string-token", "reasoning-format-number", "messages-number", "role-number", "prompt-object",
-         "content-object"],
+    ids=[
+        "detokenize-string-token",
+        "reasoning-format-number",
+        "messages-number",
+        "role-number",
+        "prompt-object",
+        "content-object",
+    ],
 )
 def test_a_field_of_the_wrong_type_is_a_400(srv, path, body):
     _is_400(_post(srv, path, body))
@@ -92,15 +107,39 @@ def test_a_field_of_the_wrong_type_is_a_400(srv, path, body):
         ("/slots/0?action=restore", {}),
         ("/slots/0?action=save", {}),
         ("/completion", {"n_predict": 2}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}], "max_tokens": 2}),
-        ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "grammar": 'root ::= "a"', "tool_choice":
-                                  "required", "tools": [{"type": "function", "function": {
-                                      "name": "f", "parameters": {"type": "object"}}}]}),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
+                    }
+                ],
+                "max_tokens": 2,
+            },
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": CHAT,
+                "max_tokens": 2,
+                "grammar": 'root ::= "a"',
+                "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            },
+        ),
     ],
-    ids=["message-without-role", "anthropic-without-messages", "count-tokens-without-messages",
-         "slot-restore-without-filename", "slot-save-without-filename", "completion-without-prompt",
-         "image-part-without-mmproj", "tools-with-a-grammar"],
+    ids=[
+        "message-without-role",
+        "anthropic-without-messages",
+        "count-tokens-without-messages",
+        "slot-restore-without-filename",
+        "slot-save-without-filename",
+        "completion-without-prompt",
+        "image-part-without-mmproj",
+        "tools-with-a-grammar",
+    ],
 )
 def test_a_missing_field_or_content_the_model_cannot_take_is_a_400(srv, path, body):
     _is_400(_post(srv, path, body))

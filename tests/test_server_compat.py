@@ -29,8 +29,18 @@ CHAT = [{"role": "user", "content": "Name a color."}]
 def srv(smollm2_path, tmp_path_factory):
     if not QWEN3.is_file():
         pytest.fail(f"{QWEN3} is missing: run `python tools/vendor.py fetch` (scripts/run.sh does)")
-    flags = ("--alias", "smol", "--cors-origins", ORIGIN, "--chat-template-file", str(QWEN3), "--slots", "-np", "2",
-             "--metrics")
+    flags = (
+        "--alias",
+        "smol",
+        "--cors-origins",
+        ORIGIN,
+        "--chat-template-file",
+        str(QWEN3),
+        "--slots",
+        "-np",
+        "2",
+        "--metrics",
+    )
     with running(smollm2_path, *flags, log_dir=tmp_path_factory.mktemp("compat")) as s:
         yield s
 
@@ -180,8 +190,9 @@ def test_slots_lists_each_slot_and_its_state(http):
 
 
 def test_anthropic_messages_create(claude):
-    m = claude.messages.create(model="smol", max_tokens=8, messages=CHAT, system="Be brief.",
-                               extra_body={"temperature": 0})
+    m = claude.messages.create(
+        model="smol", max_tokens=8, messages=CHAT, system="Be brief.", extra_body={"temperature": 0}
+    )
     assert m.type == "message" and m.role == "assistant" and m.content[0].type == "text" and m.content[0].text
     assert m.stop_reason in ("end_turn", "max_tokens") and 0 < m.usage.output_tokens <= 8
 
@@ -201,8 +212,9 @@ def test_anthropic_stream_equals_the_non_streamed_greedy_answer(claude):
 def test_anthropic_count_tokens_is_the_prompt_that_create_evaluates(claude, http):
     msgs = [{"role": "user", "content": "Count these tokens, please."}]
     n = claude.messages.count_tokens(model="smol", messages=msgs, system="Be brief.").input_tokens
-    r = http.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "Be brief."}, *msgs],
-                                                "max_tokens": 1}).json()
+    r = http.post(
+        "/v1/chat/completions", json={"messages": [{"role": "system", "content": "Be brief."}, *msgs], "max_tokens": 1}
+    ).json()
     assert n == r["usage"]["prompt_tokens"] > 5
     assert claude.messages.count_tokens(model="smol", messages=msgs).input_tokens < n
 
@@ -211,8 +223,11 @@ def test_anthropic_count_tokens_is_the_prompt_that_create_evaluates(claude, http
 
 
 def test_cors_with_a_fixed_origin(srv):
-    pre = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-           "Access-Control-Request-Headers": "authorization,content-type"}
+    pre = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    }
     r = httpx.options(srv.url + "/v1/chat/completions", headers=pre)
     assert r.status_code in (200, 204), r.text
     assert r.headers["access-control-allow-origin"] == ORIGIN and "POST" in r.headers["access-control-allow-methods"]
@@ -230,8 +245,14 @@ def test_metrics_carry_llama_server_names(srv, http):
     http.post("/completion", json={"prompt": "Count: one, two,", "n_predict": 5, "temperature": 0})
     after = srv.metrics()
     assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] == 5
-    for name in ("llamacpp:prompt_tokens_total", "llamacpp:n_decode_total", "llamacpp:requests_processing",
-                 "llamacpp:requests_deferred", "llamavq_http_requests_total", "llamavq_engine_ready"):
+    for name in (
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:n_decode_total",
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamavq_http_requests_total",
+        "llamavq_engine_ready",
+    ):
         assert name in after, name
 
 

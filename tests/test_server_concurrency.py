@@ -20,15 +20,26 @@ from server_support import ServerProcess, long_string_format, running
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-           "The three primary colors are"]
-LONG = {"messages": [{"role": "user", "content": "Write."}], "max_tokens": 900, "temperature": 0,
-        "response_format": long_string_format(4000)}
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+]
+LONG = {
+    "messages": [{"role": "user", "content": "Write."}],
+    "max_tokens": 900,
+    "temperature": 0,
+    "response_format": long_string_format(4000),
+}
 
 
 def _complete(url: str, prompt: str) -> str:
-    r = httpx.post(url + "/completion", json={"prompt": prompt, "n_predict": 12, "temperature": 0,
-                                              "cache_prompt": False}, timeout=120)
+    r = httpx.post(
+        url + "/completion",
+        json={"prompt": prompt, "n_predict": 12, "temperature": 0, "cache_prompt": False},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     return r.json()["content"]
 
@@ -68,8 +79,10 @@ def one_slot(smollm2_path, tmp_path_factory):
 def test_client_disconnect_cancels_the_task_and_frees_the_slot(one_slot):
     s = one_slot
     before = s.metrics()
-    with httpx.Client(timeout=60) as c, c.stream("POST", s.url + "/v1/chat/completions",
-                                                  json={**LONG, "stream": True}) as r:
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream("POST", s.url + "/v1/chat/completions", json={**LONG, "stream": True}) as r,
+    ):
         assert r.status_code == 200
         lines = r.iter_lines()  # kept: closing the iterator (a `break` out of a for loop) closes the connection
         data = 0
@@ -80,13 +93,15 @@ def test_client_disconnect_cancels_the_task_and_frees_the_slot(one_slot):
     # the client is gone: the task is cancelled at once (tests/test_server_disconnect.py bounds it in tokens)
     _wait(lambda: _slots_busy(s.url) == [False], 10, "the slot stays busy after the client left")
     after = s.metrics()
-    assert after["llamavq_http_client_disconnects_total"] == before.get("llamavq_http_client_disconnects_total",
-                                                                         0) + 1
+    assert after["llamavq_http_client_disconnects_total"] == before.get("llamavq_http_client_disconnects_total", 0) + 1
     assert after["llamavq_http_requests_in_flight"] == 0
     generated = after["llamacpp:tokens_predicted_total"] - before.get("llamacpp:tokens_predicted_total", 0)
     assert generated < 300, generated  # of 900 asked for
-    r = httpx.post(s.url + "/v1/chat/completions", timeout=120,
-                   json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    r = httpx.post(
+        s.url + "/v1/chat/completions",
+        timeout=120,
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    )
     assert r.status_code == 200, r.text
 
 
@@ -117,13 +132,12 @@ def test_keepalive_comments_while_a_streamed_prompt_is_processed(one_slot):
     s = one_slot
     before = s.metrics().get("llamavq_sse_keepalives_total", 0)
     prompt = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(10))  # ~150 tokens
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "stream": True,
-            "cache_prompt": False}
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "stream": True, "cache_prompt": False}
     with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [ln for ln in r.iter_lines() if ln]
     first_data = next(i for i, ln in enumerate(lines) if ln.startswith("data: "))
-    assert first_data >= 2 and all(ln == ": keepalive" for ln in lines[:first_data]), lines[:first_data + 1]
+    assert first_data >= 2 and all(ln == ": keepalive" for ln in lines[:first_data]), lines[: first_data + 1]
     assert not any(ln.startswith(":") for ln in lines[first_data:])  # none once tokens flow
     assert lines[-1] == "data: [DONE]"
     assert s.metrics()["llamavq_sse_keepalives_total"] - before == first_data

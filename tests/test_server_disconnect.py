@@ -97,15 +97,18 @@ def _disconnect_and_measure(srv, path: str, body: dict, what: str) -> None:  # n
     try:
         snap = _until(
             lambda: (s := _slot(srv))["is_processing"] and s.get("id_task") != previous and _decoded(s) >= 8 and s,
-            120, "the request never started generating")
+            120,
+            "the request never started generating",
+        )
     finally:
         sock.close()
     _until(lambda: not _slot(srv)["is_processing"], 10, "the slot stays busy after the client left")
     # the slot's tokens (prompt and generated) when it stopped, as the engine logs it; at the last look before the
     # close it held snap["n_prompt_tokens"]
     task = snap["id_task"]
-    stopped = _until(lambda: re.search(rf"task {task} \| stop processing: n_tokens = (\d+)", srv.log()), 10,
-                     "no release logged")
+    stopped = _until(
+        lambda: re.search(rf"task {task} \| stop processing: n_tokens = (\d+)", srv.log()), 10, "no release logged"
+    )
     after = int(stopped.group(1)) - snap["n_prompt_tokens"]
     print(f"\n{what}: {_decoded(snap)} tokens decoded before the close, {after} after")
     assert f"cancel task, id_task = {task}" in srv.log(), "the task finished instead of being cancelled"

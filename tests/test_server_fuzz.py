@@ -5,7 +5,8 @@ truncated and invalid JSON, wrong types, out-of-range parameters).
 
 What must hold: the process never dies, every answer is HTTP (no dropped connection), and no answer is a 5xx other
 than a 501 for a feature that is off (embeddings, reranking, infill without FIM tokens, POST /props without
---props, audio without --mmproj), in llama-server's error shape: a client's mistake is a 4xx (patch 0020).
+--props, audio without --mmproj), in llama-server's error shape: a client's mistake is a 4xx (patch
+0020-server-client-errors-are-4xx).
 
 CPU cost: one server, ~600 requests whose generations are capped at 4 tokens (-n 4, and the generated lengths
 clamped); about two minutes on 2 cores.
@@ -31,8 +32,19 @@ from schemathesis.generation.modes import GenerationMode  # noqa: E402
 # the answers that are server errors by design: a feature that is off (llama-server's 501 not_supported_error)
 ALLOWED_5XX = {501: "not_supported_error"}
 # the routes whose request bodies the document must describe
-MAIN_ROUTES = ("/v1/chat/completions", "/v1/completions", "/completion", "/infill", "/v1/responses", "/v1/messages",
-               "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/apply-template", "/v1/embeddings")
+MAIN_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/completion",
+    "/infill",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/v1/embeddings",
+)
 # generated lengths are clamped so that no request generates more than a few tokens
 LENGTH_KEYS = ("max_tokens", "n_predict", "max_completion_tokens", "max_output_tokens", "n", "n_cmpl")
 EXAMPLES_WITH_BODY = 30
@@ -54,8 +66,10 @@ def seen_5xx() -> list[tuple[str, int, str]]:
 
 def _clamp(body: Any) -> Any:
     if isinstance(body, dict):
-        return {k: (min(v, 4) if k in LENGTH_KEYS and isinstance(v, int) and not isinstance(v, bool) else _clamp(v))
-                for k, v in body.items()}
+        return {
+            k: (min(v, 4) if k in LENGTH_KEYS and isinstance(v, int) and not isinstance(v, bool) else _clamp(v))
+            for k, v in body.items()
+        }
     if isinstance(body, list):
         return [_clamp(v) for v in body]
     return body
@@ -92,7 +106,9 @@ def test_the_openapi_document_declares_request_bodies_and_path_parameters(srv):
     assert schemas["MessagesRequest"]["required"] == ["messages", "max_tokens"]
     slot = doc["paths"]["/slots/{id_slot}"]["post"]
     assert {(p["name"], p["in"], p["required"]) for p in slot["parameters"]} == {
-        ("id_slot", "path", True), ("action", "query", True)}
+        ("id_slot", "path", True),
+        ("action", "query", True),
+    }
     upload = doc["paths"]["/v1/audio/transcriptions"]["post"]["requestBody"]["content"]["multipart/form-data"]
     assert upload["schema"]["required"] == ["file"]
 
@@ -166,43 +182,104 @@ TARGETED: list[tuple[str, str, Any, tuple[int, ...] | None]] = [
     ("detokenize-string", "/detokenize", {"tokens": ["a"]}, None),
     ("completion-bad-token", "/completion", {"prompt": [999999999], "n_predict": 2}, (400,)),
     ("completion-negative-token", "/completion", {"prompt": [-5], "n_predict": 2}, (400,)),
-    ("chat-logit-bias-out-of-vocab", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2,
-                                                              "logit_bias": {"999999999": 5}}, None),
-    ("completion-logit-bias-pairs", "/completion", {"prompt": "Hi", "n_predict": 2,
-                                                    "logit_bias": [[999999999, 5], [-3, 1]]}, None),
+    (
+        "chat-logit-bias-out-of-vocab",
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_tokens": 2, "logit_bias": {"999999999": 5}},
+        None,
+    ),
+    (
+        "completion-logit-bias-pairs",
+        "/completion",
+        {"prompt": "Hi", "n_predict": 2, "logit_bias": [[999999999, 5], [-3, 1]]},
+        None,
+    ),
     ("lone-surrogate-escape", "/tokenize", b'{"content": "\\ud800"}', None),
-    ("lone-low-surrogate", "/v1/chat/completions",
-     b'{"messages": [{"role": "user", "content": "a\\udc00b"}], "max_tokens": 2}', None),
+    (
+        "lone-low-surrogate",
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "a\\udc00b"}], "max_tokens": 2}',
+        None,
+    ),
     ("surrogate-pair-ok", "/tokenize", b'{"content": "\\ud83c\\udf0d"}', (200,)),
     ("invalid-utf8", "/tokenize", b'{"content": "\xff\xfe\xc3"}', None),
-    ("invalid-utf8-chat", "/v1/chat/completions",
-     b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}], "max_tokens": 2}', None),
-    ("schema-min-items-4e6", "/completion", {"prompt": "x", "n_predict": 2,
-                                             "json_schema": {"type": "array", "minItems": 4000000}}, (400,)),
-    ("schema-min-items-chat", "/v1/chat/completions", {
-        "messages": CHAT, "max_tokens": 2, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "array", "minItems": 4000000}}}},
-     (400,)),
-    ("schema-min-length-huge", "/completion", {"prompt": "x", "n_predict": 2,
-                                               "json_schema": {"type": "string", "minLength": 2**31}}, None),
+    (
+        "invalid-utf8-chat",
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}], "max_tokens": 2}',
+        None,
+    ),
+    (
+        "schema-min-items-4e6",
+        "/completion",
+        {"prompt": "x", "n_predict": 2, "json_schema": {"type": "array", "minItems": 4000000}},
+        (400,),
+    ),
+    (
+        "schema-min-items-chat",
+        "/v1/chat/completions",
+        {
+            "messages": CHAT,
+            "max_tokens": 2,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": {"type": "array", "minItems": 4000000}},
+            },
+        },
+        (400,),
+    ),
+    (
+        "schema-min-length-huge",
+        "/completion",
+        {"prompt": "x", "n_predict": 2, "json_schema": {"type": "string", "minLength": 2**31}},
+        None,
+    ),
     ("schema-nested-200", "/completion", {"prompt": "x", "n_predict": 2, "json_schema": _deep_schema(200)}, None),
-    ("schema-bad-ref", "/completion", {"prompt": "x", "n_predict": 2,
-                                       "json_schema": {"$ref": "#/definitions/nope"}}, None),
-    ("schema-self-ref", "/completion", {"prompt": "x", "n_predict": 2, "json_schema": {
-        "$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/a"}}}}, None),
+    (
+        "schema-bad-ref",
+        "/completion",
+        {"prompt": "x", "n_predict": 2, "json_schema": {"$ref": "#/definitions/nope"}},
+        None,
+    ),
+    (
+        "schema-self-ref",
+        "/completion",
+        {
+            "prompt": "x",
+            "n_predict": 2,
+            "json_schema": {"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/a"}}},
+        },
+        None,
+    ),
     ("schema-not-an-object", "/completion", {"prompt": "x", "n_predict": 2, "json_schema": 5}, None),
     ("grammar-unparsable", "/completion", {"prompt": "x", "n_predict": 2, "grammar": "root ::= ("}, (400,)),
-    ("grammar-repetition-huge", "/completion", {"prompt": "x", "n_predict": 2, "grammar": 'root ::= "a"{0,100000}'},
-     None),
-    ("grammar-left-recursion", "/completion", {"prompt": "x", "n_predict": 2, "grammar": 'root ::= root "a"'},
-     (400,)),
+    (
+        "grammar-repetition-huge",
+        "/completion",
+        {"prompt": "x", "n_predict": 2, "grammar": 'root ::= "a"{0,100000}'},
+        None,
+    ),
+    ("grammar-left-recursion", "/completion", {"prompt": "x", "n_predict": 2, "grammar": 'root ::= root "a"'}, (400,)),
     ("grammar-undefined-rule", "/completion", {"prompt": "x", "n_predict": 2, "grammar": "root ::= nope"}, (400,)),
-    ("grammar-nested-parens", "/completion", {"prompt": "x", "n_predict": 2,
-                                              "grammar": "root ::= " + "(" * 300 + '"a"' + ")" * 300}, None),
+    (
+        "grammar-nested-parens",
+        "/completion",
+        {"prompt": "x", "n_predict": 2, "grammar": "root ::= " + "(" * 300 + '"a"' + ")" * 300},
+        None,
+    ),
     ("grammar-empty", "/completion", {"prompt": "x", "n_predict": 2, "grammar": ""}, None),
-    ("grammar-with-tools", "/v1/chat/completions", {
-        "messages": CHAT, "max_tokens": 2, "grammar": 'root ::= "a"', "tool_choice": "required",
-        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, None),
+    (
+        "grammar-with-tools",
+        "/v1/chat/completions",
+        {
+            "messages": CHAT,
+            "max_tokens": 2,
+            "grammar": 'root ::= "a"',
+            "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        },
+        None,
+    ),
     ("truncated-chat", "/v1/chat/completions", b'{"messages": [{"role": "user", "cont', None),
     ("truncated-completion", "/completion", b'{"prompt": "Hi", "n_pre', None),
     ("empty-body", "/v1/chat/completions", b"", None),
@@ -214,10 +291,23 @@ TARGETED: list[tuple[str, str, Any, tuple[int, ...] | None]] = [
     ("nan", "/completion", b'{"prompt": "x", "n_predict": 2, "temperature": NaN}', None),
     ("deep-json-array", "/tokenize", b'{"content": ' + b"[" * 5000 + b"]" * 5000 + b"}", None),
     ("messages-number", "/v1/chat/completions", {"messages": 5}, (400,)),
-    ("content-object", "/v1/chat/completions", {"messages": [{"role": "user", "content": {"a": 1}}],
-                                                "max_tokens": 2}, None),
-    ("content-image-no-mmproj", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}], "max_tokens": 2}, None),
+    (
+        "content-object",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": {"a": 1}}], "max_tokens": 2},
+        None,
+    ),
+    (
+        "content-image-no-mmproj",
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+            ],
+            "max_tokens": 2,
+        },
+        None,
+    ),
     ("max-tokens-negative", "/v1/chat/completions", {"messages": CHAT, "max_tokens": -5}, None),
     ("n-predict-string", "/completion", {"prompt": "x", "n_predict": "x"}, None),
     ("temperature-array", "/completion", {"prompt": "x", "n_predict": 2, "temperature": []}, None),
@@ -238,10 +328,23 @@ TARGETED: list[tuple[str, str, Any, tuple[int, ...] | None]] = [
     ("responses-bad-input", "/v1/responses", {"input": [{"type": "function_call_output"}]}, None),
     ("infill-garbage-extra", "/infill", {"input_prefix": "a", "input_suffix": "b", "input_extra": [5]}, None),
     ("apply-template-tools-garbage", "/apply-template", {"messages": CHAT, "tools": [5, "x"]}, None),
-    ("tool-call-args-not-json", "/v1/chat/completions", {"messages": [
-        *CHAT, {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
-                                                     "function": {"name": "f", "arguments": "{not json"}}]}],
-        "max_tokens": 2}, None),
+    (
+        "tool-call-args-not-json",
+        "/v1/chat/completions",
+        {
+            "messages": [
+                *CHAT,
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
+                    ],
+                },
+            ],
+            "max_tokens": 2,
+        },
+        None,
+    ),
     ("prompt-too-long", "/completion", {"prompt": "word " * 3000, "n_predict": 2}, (400,)),
     ("detokenize-many", "/detokenize", {"tokens": list(range(49152))}, (200,)),
 ]

@@ -22,8 +22,9 @@ def _form(srv, path: str, fields: list[tuple[str, str]]) -> httpx.Response:  # n
     """A multipart/form-data body of text fields, in order (httpx makes one only when a file is sent)."""
     parts = [f'--b\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields]
     body = ("".join(parts) + "--b--\r\n").encode()
-    return httpx.post(srv.url + path, content=body, headers={"content-type": "multipart/form-data; boundary=b"},
-                      timeout=120)
+    return httpx.post(
+        srv.url + path, content=body, headers={"content-type": "multipart/form-data; boundary=b"}, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +57,17 @@ def test_form_fields_are_strings_so_a_number_field_is_a_400(srv):
 def test_audio_transcription_without_an_audio_model_is_a_501(srv, path):
     r = httpx.post(srv.url + path, data={"model": "x"}, files={"file": ("a.wav", WAV, "audio/wav")}, timeout=120)
     assert r.status_code == 501, r.text
-    assert r.json()["error"] == {"code": 501, "message": "The current model does not support audio input.",
-                                 "type": "not_supported_error"}
+    assert r.json()["error"] == {
+        "code": 501,
+        "message": "The current model does not support audio input.",
+        "type": "not_supported_error",
+    }
 
 
 def test_a_malformed_form_is_a_400(srv):
-    body = b"--x\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nHi"  # no closing boundary
-    r = httpx.post(srv.url + "/completion", content=body,
-                   headers={"content-type": "multipart/form-data; boundary=x"}, timeout=120)
+    body = b'--x\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nHi'  # no closing boundary
+    r = httpx.post(
+        srv.url + "/completion", content=body, headers={"content-type": "multipart/form-data; boundary=x"}, timeout=120
+    )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"

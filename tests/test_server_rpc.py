@@ -14,10 +14,11 @@ the reason is printed: the same RPC traffic over the loopback, only not across a
   first run of our quantized OUT_PROD (V*softmax(KQ) from the q4_0 V cache) and of the short-row K*Q (q8_0 K).
 - An rpc-server that dies mid-request (SIGKILL) fails that request with an error, the server stays up (/health
   answers), and every following request gets llama-server's error ("Compute error.", 500): the layers and cache
-  that lived on that host are gone until llama-vq-server restarts (patch 0019; before it, ggml's RPC client
-  aborted the whole process).
+  that lived on that host are gone until llama-vq-server restarts (patch 0019-rpc-lost-server-fails-its-graphs;
+  without it, ggml's RPC client aborts the whole process).
 - A host cut off without a word (its link down: no FIN, no RST) fails the request once the client's sockets give
-  the peer up, 30 s without an acknowledgement (patch 0019; before it, the request waited forever). Needs the
+  the peer up, 30 s without an acknowledgement (patch 0019-rpc-lost-server-fails-its-graphs; without it, the
+  request waits forever). Needs the
   namespace (the loopback cannot be cut): skipped, with the reason, without it; ~40 s.
 """
 
@@ -37,6 +38,7 @@ from pathlib import Path
 import httpx
 import pytest
 from server_support import running, sse_events
+from skip_support import skip_platform_limit
 
 CACHE = ["-ctk", "q8_0", "-ctv", "q4_0", "-fa", "off"]
 # local and remote compute on one thread each: equal thread counts give equal arithmetic (and the 2-core CI
@@ -133,8 +135,12 @@ def rpc_server(host: RemoteHost, tool: Path, log_dir: Path) -> Iterator[tuple[su
     """ggml-rpc-server on the remote host (its CPU device, one thread), our kernels' first runs logged."""
     log = log_dir / "rpc-server.log"
     with log.open("wb") as f:
-        proc = subprocess.Popen([*host.run, str(tool), "-H", host.address, "-p", str(RPC_PORT), "-t", "1"],
-                                stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "LLAMA_VQ_CPU_OP_LOG": "1"})
+        proc = subprocess.Popen(
+            [*host.run, str(tool), "-H", host.address, "-p", str(RPC_PORT), "-t", "1"],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "LLAMA_VQ_CPU_OP_LOG": "1"},
+        )
     try:
         _wait_listening(proc, host.address, RPC_PORT, log)
         yield proc, log
@@ -148,8 +154,11 @@ PROMPTS = ["Once upon a time", "The history of the printing press", "def quickso
 
 
 def _greedy(url: str, prompt: str, n: int = 48) -> tuple[list[int], list[float]]:
-    r = httpx.post(url + "/completion", timeout=300,
-                   json={"prompt": prompt, "n_predict": n, "temperature": 0, "n_probs": 1, "ignore_eos": True})
+    r = httpx.post(
+        url + "/completion",
+        timeout=300,
+        json={"prompt": prompt, "n_predict": n, "temperature": 0, "n_probs": 1, "ignore_eos": True},
+    )
     r.raise_for_status()
     probs = r.json()["completion_probabilities"]
     assert len(probs) == n
@@ -158,13 +167,15 @@ def _greedy(url: str, prompt: str, n: int = 48) -> tuple[list[int], list[float]]
 
 @pytest.mark.slow
 def test_layers_on_another_host_give_the_local_greedy_text_and_run_our_kernels_there(
-        smollm2_path, remote_host, rpc_server_bin, tmp_path):
+    smollm2_path, remote_host, rpc_server_bin, tmp_path
+):
     with running(smollm2_path, *FLAGS, log_dir=tmp_path / "local") as srv:
         local = [_greedy(srv.url, p) for p in PROMPTS]
     with rpc_server(remote_host, rpc_server_bin, tmp_path) as (_, rpc_log):
         endpoint = f"{remote_host.address}:{RPC_PORT}"
-        with running(smollm2_path, *FLAGS, "--rpc", endpoint, "-ngl", REMOTE_LAYERS,
-                     log_dir=tmp_path / "remote") as srv:
+        with running(
+            smollm2_path, *FLAGS, "--rpc", endpoint, "-ngl", REMOTE_LAYERS, log_dir=tmp_path / "remote"
+        ) as srv:
             remote = [_greedy(srv.url, p) for p in PROMPTS]
         remote_log = rpc_log.read_text(errors="replace")
     # the remote side computed with our kernels: the quantized V cache's OUT_PROD and the short-row K*Q
@@ -179,15 +190,22 @@ def test_layers_on_another_host_give_the_local_greedy_text_and_run_our_kernels_t
 
 @pytest.mark.slow
 def test_a_remote_host_that_dies_mid_request_fails_the_request_and_the_server_stays_up(
-        smollm2_path, remote_host, rpc_server_bin, tmp_path):
+    smollm2_path, remote_host, rpc_server_bin, tmp_path
+):
     n_predict, kill_after = 2000, 16
     with rpc_server(remote_host, rpc_server_bin, tmp_path) as (rpc, _):
         endpoint = f"{remote_host.address}:{RPC_PORT}"
-        with running(smollm2_path, *FLAGS, "--rpc", endpoint, "-ngl", REMOTE_LAYERS,
-                     log_dir=tmp_path / "remote") as srv:
+        with running(
+            smollm2_path, *FLAGS, "--rpc", endpoint, "-ngl", REMOTE_LAYERS, log_dir=tmp_path / "remote"
+        ) as srv:
             lines = []
-            body = {"prompt": "Once upon a time", "n_predict": n_predict, "ignore_eos": True, "temperature": 0,
-                    "stream": True}
+            body = {
+                "prompt": "Once upon a time",
+                "n_predict": n_predict,
+                "ignore_eos": True,
+                "temperature": 0,
+                "stream": True,
+            }
             with httpx.stream("POST", srv.url + "/completion", json=body, timeout=120) as r:
                 assert r.status_code == 200
                 for line in r.iter_lines():
@@ -206,8 +224,11 @@ def test_a_remote_host_that_dies_mid_request_fails_the_request_and_the_server_st
             # what follows fails at once with the same error, in both forms, and the server stays up
             r = httpx.post(srv.url + "/completion", json={"prompt": "Hello", "n_predict": 8}, timeout=60)
             assert r.status_code == 500 and r.json()["error"]["message"] == "Compute error.", r.text
-            r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
-                "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True})
+            r = httpx.post(
+                srv.url + "/v1/chat/completions",
+                timeout=60,
+                json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True},
+            )
             assert [e["error"]["message"] for e in sse_events(r.text.splitlines())] == ["Compute error."], r.text
             assert srv.proc.poll() is None
             log = srv.log()
@@ -217,17 +238,26 @@ def test_a_remote_host_that_dies_mid_request_fails_the_request_and_the_server_st
 
 @pytest.mark.slow
 def test_a_remote_host_cut_off_without_a_word_fails_the_request_within_the_dead_peer_timeout(
-        smollm2_path, remote_host, rpc_server_bin, tmp_path):
+    smollm2_path, remote_host, rpc_server_bin, tmp_path
+):
     if remote_host.how != "netns":
-        pytest.skip("cutting a host's link needs the network namespace, unavailable here (see the module's output)")
-    dead_peer_s = 30  # patch 0019's TCP_USER_TIMEOUT (and keepalive: 10 s idle + 4 probes 5 s apart)
+        skip_platform_limit("cutting a host's link needs a network namespace (root, iproute2), unavailable here")
+    dead_peer_s = (
+        30  # 0019-rpc-lost-server-fails-its-graphs's TCP_USER_TIMEOUT (and keepalive: 10 s idle + 4 probes 5 s apart)
+    )
     with rpc_server(remote_host, rpc_server_bin, tmp_path) as _:
         endpoint = f"{remote_host.address}:{RPC_PORT}"
-        with running(smollm2_path, *FLAGS, "--rpc", endpoint, "-ngl", REMOTE_LAYERS,
-                     log_dir=tmp_path / "remote") as srv:
+        with running(
+            smollm2_path, *FLAGS, "--rpc", endpoint, "-ngl", REMOTE_LAYERS, log_dir=tmp_path / "remote"
+        ) as srv:
             lines: list[str] = []
-            body = {"prompt": "Once upon a time", "n_predict": 4000, "ignore_eos": True, "temperature": 0,
-                    "stream": True}
+            body = {
+                "prompt": "Once upon a time",
+                "n_predict": 4000,
+                "ignore_eos": True,
+                "temperature": 0,
+                "stream": True,
+            }
             cut_at = None
             try:
                 with httpx.stream("POST", srv.url + "/completion", json=body, timeout=3 * dead_peer_s) as r:

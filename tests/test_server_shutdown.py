@@ -47,9 +47,9 @@ def _events(lines: list[str]) -> list[tuple[str | None, str]]:
     out, name = [], None
     for line in lines:
         if line.startswith("event: "):
-            name = line[len("event: "):]
+            name = line[len("event: ") :]
         elif line.startswith("data: "):
-            out.append((name, line[len("data: "):]))
+            out.append((name, line[len("data: ") :]))
             name = None
     return out
 
@@ -62,8 +62,10 @@ def test_sigterm_ends_every_open_stream_with_its_apis_error_event_and_saves_the_
         s.wait_ready()
         with cf.ThreadPoolExecutor(len(STREAMS) + 1) as pool:
             started = {name: cf.Future() for name in STREAMS}
-            running = {name: pool.submit(_read_stream, s.url, path, body, started[name])
-                       for name, (path, body) in STREAMS.items()}
+            running = {
+                name: pool.submit(_read_stream, s.url, path, body, started[name])
+                for name, (path, body) in STREAMS.items()
+            }
             cf.wait(list(started.values()), timeout=120)
             assert all(f.done() for f in started.values()), {n: f.done() for n, f in started.items()}
             queued = pool.submit(httpx.post, s.url + "/completion", json={"prompt": "Hi", "n_predict": 8}, timeout=60)
@@ -93,7 +95,9 @@ def test_sigterm_ends_every_open_stream_with_its_apis_error_event_and_saves_the_
             elif name == "anthropic":
                 event, data = events[-1]
                 assert event == "error" and json.loads(data) == {
-                    "type": "error", "error": {"type": "overloaded_error", "message": SHUTTING_DOWN}}
+                    "type": "error",
+                    "error": {"type": "overloaded_error", "message": SHUTTING_DOWN},
+                }
             elif name == "responses":
                 event, data = events[-1]
                 doc = json.loads(data)

@@ -1,6 +1,6 @@
 """-sm row at the pinned llama.cpp: llama-model.cpp asks each device's backend for a split buffer type; ggml-cuda (which
 HIP compiles too) and ggml-rpc provide none, so loading fails ("device CUDA0 does not support split buffers") whatever
-the cache types. llama-vq-server refuses it before loading, with the way out (-sm layer) in the message (issue 31).
+the cache types. llama-vq-server refuses it before loading, with the way out (-sm layer) in the message.
 """
 
 from __future__ import annotations
@@ -69,19 +69,18 @@ def test_row_split_fails_to_load_on_a_device_without_split_buffers(smollm2_path,
     assert "device RPC0 does not support split buffers" in last
 
 
-@pytest.mark.parametrize("argv,env,expect", [
-    (["-sm", "row"], {}, "row"),
-    (["--split-mode", "row"], {}, "row"),
-    ([], {"LLAMA_ARG_SPLIT_MODE": "row"}, "row"),
-    (["-sm", "none"], {}, "none"),
-    ([], {}, "layer"),  # llama.cpp's default
-])
+@pytest.mark.parametrize(
+    "argv,env,expect",
+    [
+        (["-sm", "row"], {}, "row"),
+        (["--split-mode", "row"], {}, "row"),
+        ([], {"LLAMA_ARG_SPLIT_MODE": "row"}, "row"),
+        (["-sm", "none"], {}, "none"),
+        ([], {}, "layer"),  # llama.cpp's default
+    ],
+)
 def test_engine_reports_the_split_mode_llama_cpp_parsed(smollm2_path, tmp_path, argv, env, expect):
-    script = (
-        "import sys\n"
-        "from llama_vq.server.engine import Engine\n"
-        "print(Engine(sys.argv[1:]).params['split_mode'])\n"
-    )
+    script = "import sys\nfrom llama_vq.server.engine import Engine\nprint(Engine(sys.argv[1:]).params['split_mode'])\n"
     assert run_script(script, ["-m", str(smollm2_path), *argv], env, tmp_path) == expect
 
 

@@ -1,10 +1,11 @@
 """The prompt cache on disk across restarts (--state-dir) of a real llama-vq-server, SmolLM2 and a MiMo-shaped model.
 
-A server stopped with SIGTERM saves its slots (llama-server's slot save, with the SWA checkpoints of patch 0016) and
-a sidecar with their sha256 and identity; started again with the same flags it restores them before /health turns
-200, so the next request that extends a prompt served before the stop finds it cached (`timings.cache_n`). Greedy
-text after a restore must equal a fresh server's: the restored KV bytes are the ones a fresh run computes. A damaged
-file, or one written for another configuration, is deleted and never loaded.
+A server stopped with SIGTERM saves its slots (llama-server's slot save, with the SWA checkpoints of patch
+0016-server-slot-save-keeps-checkpoints) and a sidecar with their sha256 and identity; started again with the same
+flags it restores them before /health turns 200, so the next request that extends a prompt served before the stop
+finds it cached (`timings.cache_n`). Greedy text after a restore must equal a fresh server's: the restored KV bytes
+are the ones a fresh run computes. A damaged file, or one written for another configuration, is deleted and never
+loaded.
 
 CPU cost: about 9 short server runs and generations of <= 16 tokens; ~40-60 s on 2 cores.
 """
@@ -29,8 +30,11 @@ FLAGS = ("-np", "1", "-ctv", "q4_0", "-fa", "off")
 
 
 def _complete(s: ServerProcess, prompt: str, n: int = 12) -> dict:
-    r = httpx.post(s.url + "/completion", timeout=120,
-                   json={"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": True})
+    r = httpx.post(
+        s.url + "/completion",
+        timeout=120,
+        json={"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": True},
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -85,8 +89,9 @@ def test_a_damaged_state_file_is_deleted_not_loaded(smollm2_path, tmp_path):
 def test_a_state_written_for_other_cache_types_is_not_loaded(smollm2_path, tmp_path):
     state = tmp_path / "state"
     _serve_once(smollm2_path, state, tmp_path / "a", PROMPT)
-    s = ServerProcess(smollm2_path, "-np", "1", "-ctv", "q8_0", "-fa", "off", "--state-dir", str(state),
-                      log_dir=tmp_path / "b")
+    s = ServerProcess(
+        smollm2_path, "-np", "1", "-ctv", "q8_0", "-fa", "off", "--state-dir", str(state), log_dir=tmp_path / "b"
+    )
     try:
         s.wait_ready()
         assert "written by another model, build or cache configuration" in s.log()
@@ -112,7 +117,7 @@ def test_an_empty_slot_leaves_no_file_and_the_budget_is_kept(smollm2_path, tmp_p
 def test_sliding_window_model_reuses_a_rerendered_history_after_a_restart(mimo_path, tmp_path):
     """MiMo-shaped (SWA window 32): the next prompt drops the end of the previous answer, as an agent's re-rendered
     history does; only a checkpoint before the divergence lets the SWA layers resume, and it must survive the restart
-    (patch 0016)."""
+    (patch 0016-server-slot-save-keeps-checkpoints)."""
     state = tmp_path / "state"
     head = PROMPT * 3
     flags = ("-np", "1", "-ctk", "q8_0", "-ctv", "q4_0", "-fa", "off", "--ctx-checkpoints", "8")

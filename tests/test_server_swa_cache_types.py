@@ -1,4 +1,4 @@
-"""Server side of per-layer cache types (issue 12): llama-vq-server's --cache-type-k-swa / --cache-type-v-swa (and
+"""Server side of per-layer cache types: llama-vq-server's --cache-type-k-swa / --cache-type-v-swa (and
 their LLAMA_VQ_* variables) reach the engine, whose SWA sub-cache is then allocated with them (llama.cpp's own
 report in the log), on a MiMo-shaped synthetic model with flash attention off.
 
@@ -23,8 +23,9 @@ def test_options_and_settings_map_swa_types_to_ggml_types():
     from llama_vq.server.options import split_argv
     from llama_vq.server.settings import Settings
 
-    ours, rest = split_argv(["-m", "x.gguf", "--cache-type-k-swa", "F16", "--cache-type-v-swa=q8_0", "-ctk", "q4_0"],
-                            {})
+    ours, rest = split_argv(
+        ["-m", "x.gguf", "--cache-type-k-swa", "F16", "--cache-type-v-swa=q8_0", "-ctk", "q4_0"], {}
+    )
     assert rest == ["-m", "x.gguf", "-ctk", "q4_0"]  # llama-server's own flags pass untouched
     s = Settings.build(ours, {})
     assert (s.cache_type_k_swa, s.cache_type_v_swa) == (1, 8)  # GGML_TYPE_F16, GGML_TYPE_Q8_0
@@ -46,8 +47,11 @@ def test_unknown_swa_cache_type_is_refused_naming_the_flag(mimo_path, tmp_path):
 def _served_kv_reports(mimo_path, tmp_path, *flags: str) -> list[tuple[str, str]]:
     # -lv 4: llama.cpp's INFO lines (its KV cache report) into the log
     with running(mimo_path, "-fa", "off", "-lv", "4", *flags, log_dir=tmp_path) as s:
-        r = httpx.post(s.url + "/completion", json={"prompt": "Hello there, general", "n_predict": 4,
-                                                    "temperature": 0}, timeout=120)
+        r = httpx.post(
+            s.url + "/completion",
+            json={"prompt": "Hello there, general", "n_predict": 4, "temperature": 0},
+            timeout=120,
+        )
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 4, r.text
         return KV_REPORT.findall(s.log())
 

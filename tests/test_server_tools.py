@@ -23,20 +23,31 @@ pytestmark = pytest.mark.slow
 
 QWEN3 = ROOT / "vendor" / "llama.cpp" / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-TOOLS = [{"type": "function",
-          "function": {"name": "get_weather", "description": "Get the weather of a city", "parameters": PARAMS}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Get the weather of a city", "parameters": PARAMS},
+    }
+]
 ASK = [
     {"role": "user", "content": "Weather in Rome?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+        ],
+    },
     {"role": "user", "content": "Weather in Paris?"},
 ]
 # the same conversation in Anthropic's form
 A_TOOLS = [{"name": "get_weather", "description": "Get the weather of a city", "input_schema": PARAMS}]
 A_ASK = [
     {"role": "user", "content": "Weather in Rome?"},
-    {"role": "assistant", "content": [{"type": "tool_use", "id": "c0", "name": "get_weather",
-                                       "input": {"city": "Rome"}}]},
+    {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "c0", "name": "get_weather", "input": {"city": "Rome"}}],
+    },
     {"role": "user", "content": "Weather in Paris?"},
 ]
 MAX = 40
@@ -46,8 +57,15 @@ MAX = 40
 def srv(smollm2_path, tmp_path_factory):
     if not QWEN3.is_file():
         pytest.fail(f"{QWEN3} is missing: run `python tools/vendor.py fetch` (scripts/run.sh does)")
-    with running(smollm2_path, "--alias", "smol", "--jinja", "--chat-template-file", str(QWEN3),
-                 log_dir=tmp_path_factory.mktemp("tools")) as s:
+    with running(
+        smollm2_path,
+        "--alias",
+        "smol",
+        "--jinja",
+        "--chat-template-file",
+        str(QWEN3),
+        log_dir=tmp_path_factory.mktemp("tools"),
+    ) as s:
         yield s
 
 
@@ -104,8 +122,9 @@ def test_streamed_tool_call_deltas_concatenate_to_the_non_streamed_call(client, 
 
 
 def test_openai_streaming_helper_with_tools(client, required):
-    with client.chat.completions.stream(model="smol", messages=ASK, tools=TOOLS, tool_choice="required",
-                                        max_tokens=MAX, temperature=0) as stream:
+    with client.chat.completions.stream(
+        model="smol", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=MAX, temperature=0
+    ) as stream:
         kinds = {event.type for event in stream}
         final = stream.get_final_completion()
     assert "tool_calls.function.arguments.done" in kinds, kinds
@@ -132,21 +151,34 @@ def test_tool_results_in_history_are_rendered(srv):
 
 
 def test_anthropic_messages_with_tools_return_a_tool_use_block(claude):
-    m = claude.messages.create(model="smol", max_tokens=MAX, messages=A_ASK, tools=A_TOOLS,
-                               tool_choice={"type": "any"}, extra_body={"temperature": 0})
+    m = claude.messages.create(
+        model="smol",
+        max_tokens=MAX,
+        messages=A_ASK,
+        tools=A_TOOLS,
+        tool_choice={"type": "any"},
+        extra_body={"temperature": 0},
+    )
     assert m.stop_reason == "tool_use", m
     uses = [b for b in m.content if b.type == "tool_use"]
     assert [(b.name, b.input) for b in uses] == [("get_weather", {"city": "Paris"})] and uses[0].id
 
 
 def test_anthropic_streamed_tool_use_equals_the_non_streamed_one(claude):
-    kw = dict(model="smol", max_tokens=MAX, messages=A_ASK, tools=A_TOOLS, tool_choice={"type": "any"},
-              extra_body={"temperature": 0})
+    kw = dict(
+        model="smol",
+        max_tokens=MAX,
+        messages=A_ASK,
+        tools=A_TOOLS,
+        tool_choice={"type": "any"},
+        extra_body={"temperature": 0},
+    )
     with claude.messages.stream(**kw) as stream:
         events = list(stream)
         final = stream.get_final_message()
-    deltas = [e.delta.partial_json for e in events if e.type == "content_block_delta"
-              and e.delta.type == "input_json_delta"]
+    deltas = [
+        e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
     assert deltas and json.loads("".join(deltas)) == {"city": "Paris"}
     assert final.stop_reason == "tool_use"
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [("get_weather", {"city": "Paris"})]
@@ -182,7 +214,15 @@ def test_reasoning_content_is_split_off_streamed_and_not(srv):
 
 def test_grammar_with_tools_is_refused_and_the_server_lives(srv):
     with httpx.Client(base_url=srv.url, timeout=120) as c:
-        r = c.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, "tool_choice": "required",
-                                                 "grammar": 'root ::= "x"', "max_tokens": 2})
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "messages": ASK,
+                "tools": TOOLS,
+                "tool_choice": "required",
+                "grammar": 'root ::= "x"',
+                "max_tokens": 2,
+            },
+        )
         assert 400 <= r.status_code < 600 and r.json()["error"]["message"], r.text
         assert c.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 2}).status_code == 200

@@ -37,8 +37,10 @@ def srv(smollm2_path, tmp_path_factory):
 def _generate(url: str, i: int) -> int:
     stream = i % 3 == 0
     if i % 2:
-        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": f"Story {i}."}],
-                                              "max_tokens": 16, "stream": stream}
+        path, body = (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": f"Story {i}."}], "max_tokens": 16, "stream": stream},
+        )
     else:
         path, body = "/completion", {"prompt": f"Story {i}:", "n_predict": 16, "stream": stream}
     with httpx.Client(timeout=600) as c, c.stream("POST", url + path, json=body) as r:
@@ -75,8 +77,10 @@ def test_health_p99_under_100_ms_with_120_generations_in_flight(srv):
         statuses = [f.result() for f in futures]
     health.sort()
     p50, p99 = statistics.median(health), health[int(0.99 * len(health)) - 1]
-    print(f"\n/health with {at_start:.0f} -> {at_end:.0f} requests in flight: p50 {p50 * 1e3:.1f} ms, "
-          f"p99 {p99 * 1e3:.1f} ms, max {health[-1] * 1e3:.1f} ms")
+    print(
+        f"\n/health with {at_start:.0f} -> {at_end:.0f} requests in flight: p50 {p50 * 1e3:.1f} ms, "
+        f"p99 {p99 * 1e3:.1f} ms, max {health[-1] * 1e3:.1f} ms"
+    )
     for path, times in others.items():
         print(f"{path}: median {statistics.median(times) * 1e3:.1f} ms, max {max(times) * 1e3:.1f} ms")
     assert at_end >= 100, f"the load ended during the probes ({at_end} in flight)"

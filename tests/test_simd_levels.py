@@ -1,13 +1,13 @@
 """The CPU kernels' float64 reference tests on the other x86 SIMD level too.
 
 The build compiles one SIMD level, the one /proc/cpuinfo reports (cmake/llama_vq_detect.cmake): CI machines of
-our class are AVX2-only or AVX-512. What the quantized OUT_PROD kernels compile, per level:
-* 0010 (tile path): the AVX2 nibble unpack of q4_0/q4_1/iq4_nl under __AVX2__ (both levels), and the tile update
+our class are AVX2-only or AVX-512. What the quantized OUT_PROD kernels (llama-vq-out-prod.cpp) compile, per level:
+* the tile path: the AVX2 nibble unpack of q4_0/q4_1/iq4_nl under __AVX2__ (both levels), and the tile update
   through ggml's GGML_F32 macros: 8 floats x 4 registers per step (GGML_F32_STEP 32) with AVX2, 16 x 4 (64)
   with AVX-512, the rest of a row scalar; without AVX2 (generic) loops the compiler vectorizes.
-* 0014 (prefill): llamafile_sgemm's F32 tinyBLAS, __m256 tiles needing n_kv % 8 == 0 with AVX2, __m512 tiles
+* prefill: llamafile_sgemm's F32 tinyBLAS, __m256 tiles needing n_kv % 8 == 0 with AVX2, __m512 tiles
   needing n_kv % 16 == 0 with AVX-512, so other cases fall back to the tile path at each level.
-* 0018 (decode registers): __AVX2__ && __FMA__ intrinsics at both levels (EVEX-encoded with AVX-512 flags).
+* decode, in registers: __AVX2__ && __FMA__ intrinsics at both levels (EVEX-encoded with AVX-512 flags).
 The suite's own run covers the build's level; this test builds only
 libggml-base + libggml-cpu at the other level (LLAMA_VQ_CPU_FEATURES, into build/simd-LEVEL, through ccache) and
 runs tests/test_out_prod_reference.py against it in a fresh interpreter, where no other libggml is loaded.
@@ -27,11 +27,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from skip_support import skip_platform_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 # /proc/cpuinfo flags each level needs (ggml's AVX512 option also turns on BW/VL/DQ/CD)
-LEVEL_FLAGS = {"avx2": ["avx", "avx2", "fma", "f16c", "bmi2"],
-               "avx512": ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"]}
+LEVEL_FLAGS = {
+    "avx2": ["avx", "avx2", "fma", "f16c", "bmi2"],
+    "avx512": ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"],
+}
 PROBE = """
 import ctypes, sys
 d = sys.argv[1]
@@ -55,9 +58,20 @@ def _build_level(level: str) -> Path:
     bdir = ROOT / "build" / f"simd-{level}"
     gen = ["-G", "Ninja"] if shutil.which("ninja") and not (bdir / "Makefile").exists() else []
     env = dict(os.environ, LLAMA_VQ_CPU_FEATURES=level)
-    configure = ["cmake", "-S", str(ROOT), "-B", str(bdir), *gen, "-DCMAKE_BUILD_TYPE=Release",
-                 "-DLLAMA_VQ_BACKEND=cpu", f"-DLLAMA_VQ_CPU_FEATURES={level}", "-DLLAMA_VQ_BUILD_TOOLS=OFF",
-                 "-DLLAMA_VQ_INSTALL_INPLACE=OFF", f"-DPython3_EXECUTABLE={sys.executable}"]
+    configure = [
+        "cmake",
+        "-S",
+        str(ROOT),
+        "-B",
+        str(bdir),
+        *gen,
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_VQ_BACKEND=cpu",
+        f"-DLLAMA_VQ_CPU_FEATURES={level}",
+        "-DLLAMA_VQ_BUILD_TOOLS=OFF",
+        "-DLLAMA_VQ_INSTALL_INPLACE=OFF",
+        f"-DPython3_EXECUTABLE={sys.executable}",
+    ]
     for cmd in (configure, ["cmake", "--build", str(bdir), "--target", "ggml-cpu", "-j", str(os.cpu_count() or 2)]):
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
@@ -76,12 +90,12 @@ def _main_level(build) -> str:
 @pytest.mark.parametrize("level", list(LEVEL_FLAGS))
 def test_cpu_out_prod_reference_tests_pass_at_every_simd_level_this_cpu_runs(build, level):
     if not sys.platform.startswith("linux") or os.uname().machine not in ("x86_64", "AMD64"):
-        pytest.skip("x86-64 Linux only: the SIMD levels are x86's")
+        skip_platform_limit("x86-64 Linux only: the SIMD levels are x86's")
     if _main_level(build) == level:
-        pytest.skip(f"the suite's build is {level}: tests/test_out_prod_reference.py ran against it above")
+        skip_platform_limit(f"the suite's build is {level}: tests/test_out_prod_reference.py ran against it above")
     missing = [f for f in LEVEL_FLAGS[level] if f not in _cpu_flags()]
     if missing:
-        pytest.skip(f"this CPU cannot run {level} code (no {', '.join(missing)}); CI machines with it cover it")
+        skip_platform_limit(f"this CPU cannot run {level} code (no {', '.join(missing)}); CI machines with it cover it")
     if not shutil.which("cmake"):
         pytest.skip("cmake is not installed")
     lib_dir = _build_level(level)
@@ -93,9 +107,25 @@ def test_cpu_out_prod_reference_tests_pass_at_every_simd_level_this_cpu_runs(bui
 
     # a fresh interpreter without conftest.py (which imports llama_vq and so loads the suite's own libggml)
     env = dict(os.environ, LLAMA_VQ_GGML_LIB_DIR=str(lib_dir))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider",
-                        "-o", "addopts=", str(ROOT / "tests" / "test_out_prod_reference.py")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--noconftest",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            str(ROOT / "tests" / "test_out_prod_reference.py"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     tail = r.stdout[-4000:] + r.stderr[-2000:]
     print(f"\n[{level}] {tail.strip().splitlines()[-1] if tail.strip() else ''}")
     assert r.returncode == 0, tail

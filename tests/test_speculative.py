@@ -131,9 +131,7 @@ def _write_mimo_mtp(tmp_path_factory, smollm2_path, mtp_head: str) -> Path:
     finally:
         sys.path.remove(str(ROOT / "tools"))
     path = tmp_path_factory.mktemp("mimo-mtp") / f"mimo-tiny-mtp-{mtp_head}.gguf"
-    return synth_models.write_mimo_like(
-        path, preset="tiny-mtp", mtp_head=mtp_head, tokenizer_from=smollm2_path, seed=7
-    )
+    return synth_models.write_mimo_like(path, preset="tiny-mtp", mtp_head=mtp_head, tokenizer_from=smollm2_path, seed=7)
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,18 @@
-"""Patch 0021: a sequence's state is read in grouped copies, byte for byte what the per-range reads give.
+"""A sequence's state is read in grouped copies (patch 0011-llama-kv-state-grouped-device-reads), byte for byte
+what the per-range reads give.
 
 In a unified cache, sequences decoded in the same batches interleave their cells, so one sequence's state is
-many one-cell ranges. On a GPU each range was one device->host copy per layer and K/V (per V row when V is
-transposed); 0021 reads groups of ranges as one copy of their span. On the CPU the grouping runs only with
+many one-cell ranges. On a GPU upstream makes one device->host copy per range, layer and K/V (per V row when V is
+transposed); the patch reads groups of ranges as one copy of their span. On the CPU the grouping runs only with
 LLAMA_VQ_STATE_COALESCE=1, which these tests set in one process and compare with =0 (upstream's per-range
 reads) in another: row-major quantized V, transposed f16 V, and the iSWA cache of the MiMo-shaped model (full
 state and the SWA-only partial state the server's checkpoints use). Then the grouped state is loaded into
 another sequence and decodes the next token as the sequence it came from: the same greedy token, and logits
 within 1% of the distance to a different sequence's logits measured in the same batch. Not exactly equal: the
 loaded sequence's cells sit elsewhere in the cache, which regroups the attention's float sums (0.005 apart on
-the MiMo-shaped model with the AVX2 kernels, 0 with AVX-512).
+the MiMo-shaped model with the AVX2 kernels, 0 with AVX-512). Equal bytes alone would also hold if the grouping
+never ran, so each process prints its grouped copies at exit (LLAMA_VQ_STATE_STATS=1): some with grouping on, each
+holding more than one range on average, none with it off.
 CPU cost: a few small decodes per case, ~10 s on 2 cores.
 """
 
@@ -19,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from script_support import run_script
+from script_support import run_counter, run_script_with_log
 
 SCRIPT = r"""
 import ctypes, hashlib, json, sys
@@ -73,7 +76,18 @@ print(json.dumps(out))
 
 
 def _run(model: Path, type_v: str, coalesce: str) -> dict:
-    return json.loads(run_script(SCRIPT, [str(model), type_v], {"LLAMA_VQ_STATE_COALESCE": coalesce}, model.parent))
+    env = {"LLAMA_VQ_STATE_COALESCE": coalesce, "LLAMA_VQ_STATE_STATS": "1"}
+    out, log = run_script_with_log(SCRIPT, [str(model), type_v], env, model.parent)
+    r = json.loads(out)
+    r["copies"] = run_counter(log, "state reads grouped", "copies")
+    r["ranges"] = run_counter(log, "state reads grouped", "ranges")
+    return r
+
+
+def _assert_grouping_ran(grouped: dict, per_range: dict) -> None:
+    assert per_range["copies"] == per_range["ranges"] == 0
+    assert grouped["copies"] > 0
+    assert grouped["ranges"] > grouped["copies"], grouped  # a group holds two ranges or more
 
 
 def _assert_restored_decodes_alike(r: dict) -> None:
@@ -82,15 +96,17 @@ def _assert_restored_decodes_alike(r: dict) -> None:
 
 
 @pytest.mark.parametrize("type_v", ["q4_0", "f16"])
-def test_grouped_reads_give_the_same_state_smollm2(smollm2_path, type_v):
+def test_grouped_reads_run_and_give_the_same_state_smollm2(smollm2_path, type_v):
     grouped, per_range = _run(smollm2_path, type_v, "1"), _run(smollm2_path, type_v, "0")
+    _assert_grouping_ran(grouped, per_range)
     assert grouped["n"] == per_range["n"] > 0
     assert grouped["full"] == per_range["full"]
     _assert_restored_decodes_alike(grouped)
 
 
-def test_grouped_reads_give_the_same_state_iswa(mimo_path):
+def test_grouped_reads_run_and_give_the_same_state_iswa(mimo_path):
     grouped, per_range = _run(mimo_path, "q4_0", "1"), _run(mimo_path, "q4_0", "0")
+    _assert_grouping_ran(grouped, per_range)
     assert grouped["full"] == per_range["full"]
     assert grouped["partial"] == per_range["partial"]
     _assert_restored_decodes_alike(grouped)

@@ -1,4 +1,5 @@
-"""Per-layer cache types for iSWA models (patch 0019): the sliding-window layers' own K/V types.
+"""Per-layer cache types for iSWA models (patch 0010-llama-swa-layer-cache-types): the sliding-window layers' own K/V
+types.
 
 Checked on the CPU with a MiMo-shaped synthetic model (arch mimo2, tiny preset: 4 layers, full / SWA / SWA / full,
 window 32, K head 192 / V head 128, sinks on the SWA layers), flash attention off:
@@ -123,8 +124,16 @@ def test_swa_type_errors_name_the_parameter(llama_vq, mimo_path):
 
 
 def test_models_without_sliding_window_layers_ignore_swa_types(llama_vq, smollm2_path):
-    llm = make(llama_vq, smollm2_path, n_ctx=256, swa_full=True, type_k="q8_0", type_v="q8_0",
-               type_k_swa="f16", type_v_swa="f16")
+    llm = make(
+        llama_vq,
+        smollm2_path,
+        n_ctx=256,
+        swa_full=True,
+        type_k="q8_0",
+        type_v="q8_0",
+        type_k_swa="f16",
+        type_v_swa="f16",
+    )
     info = llm.kv_cache_info()
     assert (info.type_k, info.type_v, info.type_k_swa, info.swa_k_bytes) == ("q8_0", "q8_0", None, 0)
     assert len(greedy(llm, llm.tokenize(b"The capital of France is"), 3)) == 3

@@ -22,9 +22,7 @@ GQT = synth_models.GQT
 
 
 def _header(path):
-    kv, tensors = synth_models.read_gguf_header(
-        path, keys=lambda k: not k.startswith("tokenizer."), tensors=True
-    )
+    kv, tensors = synth_models.read_gguf_header(path, keys=lambda k: not k.startswith("tokenizer."), tensors=True)
     return {k: v.value for k, v in kv.items()}, {t.name: t for t in tensors}
 
 
@@ -75,15 +73,11 @@ def test_mimo_like_mixes_swa_and_full_layers_with_sinks_and_k192_v128_heads(mimo
             kv["mimo2.embedding_length"],
             n_head * 192 + kv_heads[il] * (192 + 128),
         )
-    assert "blk.0.ffn_gate.weight" in t and "blk.1.ffn_gate_exps.weight" in t, (
-        "dense first layer, then MoE"
-    )
+    assert "blk.0.ffn_gate.weight" in t and "blk.1.ffn_gate_exps.weight" in t, "dense first layer, then MoE"
 
 
 def test_llama_like_follows_the_q4_k_m_recipe(tmp_path, smollm2_path):
-    path = synth_models.write_llama_like(
-        tmp_path / "l8.gguf", "tiny", n_layer=8, tokenizer_from=smollm2_path
-    )
+    path = synth_models.write_llama_like(tmp_path / "l8.gguf", "tiny", n_layer=8, tokenizer_from=smollm2_path)
     kv, t = _header(path)
     assert kv["general.file_type"] == 15  # MOSTLY_Q4_K_M
     assert t["output.weight"].qtype == GQT.Q6_K and t["token_embd.weight"].qtype == GQT.Q4_K
@@ -91,10 +85,7 @@ def test_llama_like_follows_the_q4_k_m_recipe(tmp_path, smollm2_path):
     more = {0, 3, 6, 7}
     for il in range(8):
         want = GQT.Q6_K if il in more else GQT.Q4_K
-        assert (
-            t[f"blk.{il}.attn_v.weight"].qtype == want
-            and t[f"blk.{il}.ffn_down.weight"].qtype == want
-        )
+        assert t[f"blk.{il}.attn_v.weight"].qtype == want and t[f"blk.{il}.ffn_down.weight"].qtype == want
         assert t[f"blk.{il}.attn_q.weight"].qtype == GQT.Q4_K
 
 
@@ -121,13 +112,9 @@ def _next_token_probs(llm, text: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("which", ["mimo_tiny", "llama_tiny"])
-def test_synthetic_model_loads_generates_and_has_a_non_degenerate_next_token_distribution(
-    llama_vq, which, request
-):
+def test_synthetic_model_loads_generates_and_has_a_non_degenerate_next_token_distribution(llama_vq, which, request):
     path = request.getfixturevalue(which)
-    llm = llama_vq.Llama(
-        str(path), n_ctx=256, n_batch=64, n_threads=2, verbose=False, seed=0, logits_all=True
-    )
+    llm = llama_vq.Llama(str(path), n_ctx=256, n_batch=64, n_threads=2, verbose=False, seed=0, logits_all=True)
     n_vocab = llm.n_vocab()
     a = _next_token_probs(llm, "The quick brown fox jumps over the lazy dog. " * 3)
     b = _next_token_probs(llm, "Once upon a time, in a land far away, there lived")
@@ -170,8 +157,7 @@ def test_mimo_mtp_appends_nextn_blocks_laid_out_as_the_mimo_converter_writes_the
 def test_mimo_mtp_cli_flag_sets_the_number_of_nextn_blocks(tmp_path, smollm2_path):
     out = tmp_path / "m.gguf"
     rc = synth_models.main(
-        ["mimo", str(out), "--preset", "tiny", "--n-layer", "2", "--mtp", "2",
-         "--tokenizer-from", str(smollm2_path)]
+        ["mimo", str(out), "--preset", "tiny", "--n-layer", "2", "--mtp", "2", "--tokenizer-from", str(smollm2_path)]
     )
     assert rc == 0
     kv, t = _header(out)
@@ -191,9 +177,7 @@ def test_mimo_mtp_model_loads_reports_its_nextn_layer_and_keeps_the_trunk_of_the
     text = "The quick brown fox jumps over the lazy dog."
     probs = []
     for path in (mimo_mtp, mimo_tiny):
-        llm = llama_vq.Llama(
-            str(path), n_ctx=256, n_batch=64, n_threads=2, verbose=False, seed=0, logits_all=True
-        )
+        llm = llama_vq.Llama(str(path), n_ctx=256, n_batch=64, n_threads=2, verbose=False, seed=0, logits_all=True)
         assert llama_cpp.llama_model_n_layer_nextn(llm.model) == (1 if path == mimo_mtp else 0)
         probs.append(_next_token_probs(llm, text))
     # the MTP blocks' tensors come after the trunk's, so the same seed draws the same trunk; the main
@@ -220,9 +204,7 @@ def test_mimo_mtp_echo_head_passes_the_token_embedding_to_a_copy_of_it(tmp_path,
         assert not np.frombuffer(raw(name), dtype=np.uint8).any(), name
 
 
-def test_mimo_mtp_tensors_load_with_their_expected_shapes_when_mtp_loading_is_asked_for(
-    llama_vq, mimo_mtp
-):
+def test_mimo_mtp_tensors_load_with_their_expected_shapes_when_mtp_loading_is_asked_for(llama_vq, mimo_mtp):
     # llama.cpp skips the MTP tensors unless load_mtp is set (what --spec-type draft-mtp does);
     # with it, every nextn tensor must be found with the shape mimo2.cpp creates it with
     import llama_cpp

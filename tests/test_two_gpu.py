@@ -1,6 +1,6 @@
-"""benchmarks/two_gpu.py, the runner of issue 31 (two GPUs of one host), exercised on the CPU: its judging and parsing
-on recorded data, and its dry run, where two local ggml-rpc-server processes are the two devices of a layer split, so
-that its first GPU run does not fail on its logic.
+"""benchmarks/two_gpu.py, the runner of the two-GPU layer split (two GPUs of one host), exercised on the CPU: its
+judging and parsing on recorded data, and its dry run, where two local ggml-rpc-server processes are the two devices
+of a layer split, so that its first GPU run does not fail on its logic.
 """
 
 from __future__ import annotations
@@ -46,26 +46,30 @@ def test_agreement_is_judged_against_the_floor():
 
 
 def test_buffers_and_facts_are_read_per_device_from_llama_cpp_lines():
-    log = "\n".join([
-        "load_tensors:        CUDA0 model buffer size =  3000.50 MiB",
-        "load_tensors:        CUDA1 model buffer size =  3100.25 MiB",
-        "llama_context: flash_attn            = auto",
-        "llama_context: attn_scratch          = 256 MiB",
-        "llama_kv_cache:      CUDA0 KV buffer size =   100.00 MiB",
-        "llama_kv_cache:      CUDA1 KV buffer size =    90.00 MiB",
-        "llama_kv_cache:      CUDA0 KV buffer size =    12.50 MiB",  # the sliding-window layers' cache
-        "llama_context: pipeline parallelism enabled",
-        "sched_reserve:      CUDA0 compute buffer size =   400.00 MiB",
-        "sched_reserve:      CUDA1 compute buffer size =   420.00 MiB",
-        "sched_reserve:  CUDA_Host compute buffer size =    40.00 MiB",
-        "llama_context: prefill mode: flash attention for batches of more than 8 tokens per sequence, decode batches "
-        "without it",
-        "llama-vq: attention fusions run: attn=96 rotated=96 tail=0 tail_rotated=0 mma=0",
-    ])
+    log = "\n".join(
+        [
+            "load_tensors:        CUDA0 model buffer size =  3000.50 MiB",
+            "load_tensors:        CUDA1 model buffer size =  3100.25 MiB",
+            "llama_context: flash_attn            = auto",
+            "llama_context: attn_scratch          = 256 MiB",
+            "llama_kv_cache:      CUDA0 KV buffer size =   100.00 MiB",
+            "llama_kv_cache:      CUDA1 KV buffer size =    90.00 MiB",
+            "llama_kv_cache:      CUDA0 KV buffer size =    12.50 MiB",  # the sliding-window layers' cache
+            "llama_context: pipeline parallelism enabled",
+            "sched_reserve:      CUDA0 compute buffer size =   400.00 MiB",
+            "sched_reserve:      CUDA1 compute buffer size =   420.00 MiB",
+            "sched_reserve:  CUDA_Host compute buffer size =    40.00 MiB",
+            "llama_context: prefill mode: flash attention for batches of more than 8 tokens per sequence, "
+            "decode batches without it",
+            "llama-vq: attention fusions run: attn=96 rotated=96 tail=0 tail_rotated=0 mma=0",
+        ]
+    )
     got = parse_log(log)
-    assert got["devices"] == {"CUDA0": {"model": 3000.5, "kv": 112.5, "compute": 400.0},
-                              "CUDA1": {"model": 3100.25, "kv": 90.0, "compute": 420.0},
-                              "CUDA_Host": {"compute": 40.0}}
+    assert got["devices"] == {
+        "CUDA0": {"model": 3000.5, "kv": 112.5, "compute": 400.0},
+        "CUDA1": {"model": 3100.25, "kv": 90.0, "compute": 420.0},
+        "CUDA_Host": {"compute": 40.0},
+    }
     assert got["flash_attn"] == "auto" and got["attn_scratch_mib"] == "256"
     assert got["mode"].startswith("prefill mode") and got["pipeline_parallel"]
     assert got["attn_fusions"].startswith("attn=96")
@@ -83,10 +87,29 @@ def _dry_run(mimo_path: Path, out: Path, *args: str) -> tuple[subprocess.Complet
     for tool in ("llama-bench", "ggml-rpc-server"):
         if not (BIN_DIR / tool).exists():
             pytest.skip(f"built without the tools (LLAMA_VQ_BUILD_TOOLS=ON): no {tool}")
-    r = subprocess.run([sys.executable, str(RUNNER), "--bin", str(BIN_DIR), "--model", str(mimo_path),
-                        "--out", str(out), "--engine", "vq", "--py", sys.executable, "--dry-run", *args],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT,
-                       env={k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "OUT")})
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(RUNNER),
+            "--bin",
+            str(BIN_DIR),
+            "--model",
+            str(mimo_path),
+            "--out",
+            str(out),
+            "--engine",
+            "vq",
+            "--py",
+            sys.executable,
+            "--dry-run",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "OUT")},
+    )
     assert (out / "two_gpu.md").exists(), r.stdout[-3000:] + r.stderr[-3000:]
     return r, json.loads((out / "two_gpu.json").read_text())
 
@@ -107,8 +130,18 @@ def test_dry_run_splits_the_layers_over_two_rpc_devices(mimo_path, tmp_path):
     _leaves_what_comes_back(out)
     assert len(doc["devices"]) == 2 and not doc["skipped"]
     runs = doc["runs"]
-    assert set(runs) == {"f16-fa-on-1", "f16-fa-off-1", "off-1", "off-2", "default-1", "default-2", "cpumoe-off-1",
-                         "cpumoe-off-2", "hip-off-1", "hip-off-2"}
+    assert set(runs) == {
+        "f16-fa-on-1",
+        "f16-fa-off-1",
+        "off-1",
+        "off-2",
+        "default-1",
+        "default-2",
+        "cpumoe-off-1",
+        "cpumoe-off-2",
+        "hip-off-1",
+        "hip-off-2",
+    }
     for name, run in runs.items():
         kv = {d: b["kv"] for d, b in run["log"]["devices"].items() if b.get("kv")}
         # the split puts part of the KV cache (and a compute buffer) on each device; one device holds all of it
@@ -123,7 +156,8 @@ def test_dry_run_splits_the_layers_over_two_rpc_devices(mimo_path, tmp_path):
     for pair in ("off", "default", "cpumoe-off", "hip-off"):
         assert doc["agreement"][f"{pair}: 1 device -> 2 devices"]["ok"] == "yes"
     assert {(b["group"], b["split_mode"]) for b in doc["bench"]} == {
-        (g, s) for g in ("main", "cpumoe", "hip") for s in ("none", "layer")}
+        (g, s) for g in ("main", "cpumoe", "hip") for s in ("none", "layer")
+    }
     checks = {c["check"]: c["ok"] for c in doc["server"]}
     assert all(checks.values()) and len(checks) == 8, checks
     assert "-sm row refused by llama-vq-server" in checks

@@ -65,8 +65,9 @@ def test_quantized_v_without_flash_attn_loads_and_generates(llama_vq, smollm2_pa
     assert (info.type_k, info.type_v) == (type_k, type_v)
     logits = eval_logits(llm, tokens)
     assert np.isfinite(logits).all(), "NaN or inf logits"
-    on = eval_logits(make(llama_vq, smollm2_path, type_k=type_k, type_v=type_v, flash_attn=True, n_ctx=256,
-                          logits_all=True), tokens)
+    on = eval_logits(
+        make(llama_vq, smollm2_path, type_k=type_k, type_v=type_v, flash_attn=True, n_ctx=256, logits_all=True), tokens
+    )
     off_kl, on_kl = compare(ref, logits, tokens).kl_mean, compare(ref, on, tokens).kl_mean
     print(f"\nK {type_k} V {type_v}: KL from f16 FA off {off_kl:.3e}, FA on {on_kl:.3e}, floor {floor.kl_mean:.3e}")
     assert off_kl <= 2 * on_kl + 2 * floor.kl_mean
@@ -114,8 +115,10 @@ def test_q4_0_v_cache_takes_4_5_16ths_of_f16(llama_vq, smollm2_path):
 KL_FLOOR_FACTOR = 10
 TOP1_FLIPS = 4
 FIDELITY_CASES = (
-    [("smollm2", "f16", t) for t in ("q4_0", "q8_0", "iq4_nl")] + [("smollm2", "q8_0", "q8_0")]
-    + [("mimo", "f16", t) for t in V_TYPES] + [("mimo", "q4_0", "q4_0"), ("mimo", "q8_0", "q8_0")]
+    [("smollm2", "f16", t) for t in ("q4_0", "q8_0", "iq4_nl")]
+    + [("smollm2", "q8_0", "q8_0")]
+    + [("mimo", "f16", t) for t in V_TYPES]
+    + [("mimo", "q4_0", "q4_0"), ("mimo", "q8_0", "q8_0")]
 )
 _floors: dict[str, object] = {}
 
@@ -235,10 +238,10 @@ def test_state_saved_with_flash_attn_loads_into_context_without_it(llama_vq, smo
     dst = make(llama_vq, smollm2_path, type_k="q8_0", type_v="q8_0", flash_attn=False, logits_all=True, **kw)
     dst.load_state(state)
     dst.eval(tail)
-    got = np.array(dst.scores[len(head):len(head) + len(tail)], dtype=np.float64)
+    got = np.array(dst.scores[len(head) : len(head) + len(tail)], dtype=np.float64)
 
     ref = make(llama_vq, smollm2_path, type_k="q8_0", type_v="q8_0", flash_attn=False, logits_all=True, **kw)
-    want = eval_logits(ref, head + tail)[len(head):]
+    want = eval_logits(ref, head + tail)[len(head) :]
 
     agree = compare(want, got, tail)
     print(f"\nFA-on state continued without FA vs FA off from scratch: {agree}   (floor: {floor})")
@@ -246,16 +249,20 @@ def test_state_saved_with_flash_attn_loads_into_context_without_it(llama_vq, smo
     assert agree.top1 >= floor.top1 - 0.02  # 60 positions: one flip is 1.7 points
 
 
-@pytest.mark.parametrize("saved,loaded,reason", [
-    # f16 V without FA is stored transposed, q8_0 V row-major: a layout mismatch
-    (dict(type_v="f16", flash_attn=False), dict(type_v="q8_0", flash_attn=False), "V cache layout"),
-    # both row-major (f16 with FA, q8_0 without): the element type differs
-    (dict(type_v="f16", flash_attn=True), dict(type_v="q8_0", flash_attn=False), "mismatched value type"),
-    # K type differs
-    (dict(type_k="q8_0", type_v="q8_0"), dict(type_k="q4_0", type_v="q8_0"), "mismatched key type"),
-])
-def test_state_with_other_layout_or_cache_type_is_refused_with_clear_error(llama_vq, smollm2_path, saved, loaded,
-                                                                           reason):
+@pytest.mark.parametrize(
+    "saved,loaded,reason",
+    [
+        # f16 V without FA is stored transposed, q8_0 V row-major: a layout mismatch
+        (dict(type_v="f16", flash_attn=False), dict(type_v="q8_0", flash_attn=False), "V cache layout"),
+        # both row-major (f16 with FA, q8_0 without): the element type differs
+        (dict(type_v="f16", flash_attn=True), dict(type_v="q8_0", flash_attn=False), "mismatched value type"),
+        # K type differs
+        (dict(type_k="q8_0", type_v="q8_0"), dict(type_k="q4_0", type_v="q8_0"), "mismatched key type"),
+    ],
+)
+def test_state_with_other_layout_or_cache_type_is_refused_with_clear_error(
+    llama_vq, smollm2_path, saved, loaded, reason
+):
     from llama_vq import _logs
 
     tokens = _tokens(llama_vq, smollm2_path)[:40]
@@ -304,8 +311,10 @@ def test_two_streams_match_one_stream_with_quantized_v_without_flash_attn(llama_
             assert llama_cpp.llama_decode(ctx, batch) == 0
             out, i = [], 0
             for seq in seqs:
-                rows = [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i + j), shape=(n_vocab,)).copy()
-                        for j in range(len(seq))]
+                rows = [
+                    np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i + j), shape=(n_vocab,)).copy()
+                    for j in range(len(seq))
+                ]
                 out.append(np.array(rows, dtype=np.float64))
                 i += len(seq)
             llama_cpp.llama_batch_free(batch)
@@ -317,8 +326,9 @@ def test_two_streams_match_one_stream_with_quantized_v_without_flash_attn(llama_
     # reference: the f16 FA on/off floor (mean KL of two attention arithmetics); here the cache contents and the
     # arithmetic are the same and only the batch composition (so the kernels' tiling) differs, so every position
     # must agree more closely than the floor's average; a stream leak scrambles positions (KL 0.1-1 nats)
-    floor = _floor(llama_vq, "smollm2", smollm2_path, {"n_batch": 128, "n_ubatch": 128},
-                   _tokens(llama_vq, smollm2_path))
+    floor = _floor(
+        llama_vq, "smollm2", smollm2_path, {"n_batch": 128, "n_ubatch": 128}, _tokens(llama_vq, smollm2_path)
+    )
     for k, seq in enumerate(prompts):
         alone = run([seq], 1)[0]
         agree = compare(alone, both[k], seq)
@@ -354,9 +364,28 @@ def test_llama_cpp_save_load_state_tool_with_quantized_v_without_flash_attn(llam
     if not tool.exists():
         pytest.skip(f"{tool} was not built (build with LLAMA_VQ_BUILD_TOOLS=ON)")
     proc = subprocess.run(
-        [str(tool), "-m", str(smollm2_path), "-fa", "off", "-ctk", "q8_0", "-ctv", "q8_0", "-t", str(N_THREADS),
-         "-c", "512", "-p", "The quick brown fox"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+        [
+            str(tool),
+            "-m",
+            str(smollm2_path),
+            "-fa",
+            "off",
+            "-ctk",
+            "q8_0",
+            "-ctv",
+            "q8_0",
+            "-t",
+            str(N_THREADS),
+            "-c",
+            "512",
+            "-p",
+            "The quick brown fox",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
     )
     out = proc.stdout
     res = _tool_results(out)

@@ -87,8 +87,10 @@ class Agreement:
         return abs(self.ppl_q / self.ppl_p - 1.0)
 
     def __str__(self) -> str:
-        return (f"KL mean {self.kl_mean:.3e} max {self.kl_max:.3e}, top-1 {self.top1:.4f}, "
-                f"ppl {self.ppl_p:.4f} vs {self.ppl_q:.4f} ({100 * self.ppl_rel:.4f}%)")
+        return (
+            f"KL mean {self.kl_mean:.3e} max {self.kl_max:.3e}, top-1 {self.top1:.4f}, "
+            f"ppl {self.ppl_p:.4f} vs {self.ppl_q:.4f} ({100 * self.ppl_rel:.4f}%)"
+        )
 
 
 def compare(p_logits: np.ndarray, q_logits: np.ndarray, tokens: list[int], skip: int = 0) -> Agreement:
@@ -97,7 +99,7 @@ def compare(p_logits: np.ndarray, q_logits: np.ndarray, tokens: list[int], skip:
     lq = log_softmax(q_logits[skip:])
     kl = (np.exp(lp) * (lp - lq)).sum(axis=-1)
     top1 = float((lp.argmax(axis=-1) == lq.argmax(axis=-1)).mean())
-    nxt = np.asarray(tokens[skip + 1:])
+    nxt = np.asarray(tokens[skip + 1 :])
     n = len(nxt)
     nll_p = -lp[np.arange(n), nxt].mean()
     nll_q = -lq[np.arange(n), nxt].mean()

@@ -86,8 +86,9 @@ def lint_static(root: Path = ROOT) -> list[str]:
         header = core._header(path)
         n = header.count("\n")
         if n > MAX_HEADER_LINES:
-            problems.append(f"{name}: header of {n} lines (at most {MAX_HEADER_LINES}: measurements and history "
-                            "go to benchmarks/)")
+            problems.append(
+                f"{name}: header of {n} lines (at most {MAX_HEADER_LINES}: measurements and history go to benchmarks/)"
+            )
         for field in FIELDS:
             if not any(line.startswith(field) for line in header.splitlines()):
                 problems.append(f"{name}: header lacks {field}")
@@ -96,13 +97,15 @@ def lint_static(root: Path = ROOT) -> list[str]:
             problems.append(f"{name}: `{fwd[0]}`: Forwarded is no, not-needed or a URL")
         for old, new, ext, _ in parse(path.read_text()):
             if old == "/dev/null" or "new file mode" in ext:
-                problems.append(f"{name}: creates {new}: a new file of ours lives in native/ "
-                                "(patches.NATIVE_MAP), not in a patch")
+                problems.append(
+                    f"{name}: creates {new}: a new file of ours lives in native/ (patches.NATIVE_MAP), not in a patch"
+                )
             if new == "/dev/null" or "deleted file mode" in ext:
                 problems.append(f"{name}: deletes {old}")
             for path_ in {old, new} & ours:
-                problems.append(f"{name}: changes {path_}, a file of ours: edit "
-                                f"{core.tree_path_to_native(path_)} instead")
+                problems.append(
+                    f"{name}: changes {path_}, a file of ours: edit {core.tree_path_to_native(path_)} instead"
+                )
     return problems
 
 
@@ -132,12 +135,16 @@ def provenance(root: Path = ROOT, base: Path | None = None) -> list[str]:
                     kind, text = (b[:1] or " "), b[1:]
                     if kind in (" ", "-"):
                         if pos >= len(lines) or lines[pos] != text:
-                            problems.append(f"{name}: {old}: a hunk does not match line {pos + 1} where it says "
-                                            "(rewrite the queue: import, write)")
+                            problems.append(
+                                f"{name}: {old}: a hunk does not match line {pos + 1} where it says "
+                                "(rewrite the queue: import, write)"
+                            )
                             return problems
                         if kind == "-" and tags[pos] is not None:
-                            problems.append(f"{name}: changes line {pos + 1} of {old}, which {tags[pos]} added: "
-                                            f"fold the change into {tags[pos]}")
+                            problems.append(
+                                f"{name}: changes line {pos + 1} of {old}, which {tags[pos]} added: "
+                                f"fold the change into {tags[pos]}"
+                            )
                         if kind == " ":
                             out_l.append(text)
                             out_t.append(tags[pos])
@@ -169,12 +176,15 @@ def round_trip(root: Path, tmp: Path) -> list[str]:
     _patch_queue.import_queue(dev, root)
     _patch_queue.write_queue(dev, out)
     problems = []
-    for p in sorted(set((root / "patches").iterdir()) | {out / "patches" / q.name
-                                                          for q in (out / "patches").iterdir()}):
+    for p in sorted(
+        set((root / "patches").iterdir()) | {out / "patches" / q.name for q in (out / "patches").iterdir()}
+    ):
         a, b = root / "patches" / p.name, out / "patches" / p.name
         if not a.exists() or not b.exists() or a.read_bytes() != b.read_bytes():
-            problems.append(f"{p.name}: import + write does not reproduce it (write the queue with "
-                            "`patches.py write`, never by hand)")
+            problems.append(
+                f"{p.name}: import + write does not reproduce it (write the queue with "
+                "`patches.py write`, never by hand)"
+            )
     mine = {rel: src.read_bytes() for rel, src in core.native_files(root).items()}
     back = {rel: src.read_bytes() for rel, src in core.native_files(out).items()}
     if mine != back:

@@ -26,11 +26,37 @@ import patches as core
 SOURCES_SUBJECT = "llama-vq sources"
 NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9._-]*\.patch$")
 # every setting that shapes `git diff`'s text, fixed here rather than read from the user's configuration
-DIFF_ARGS = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--unified=3",
-             "--diff-algorithm=myers", "--indent-heuristic", "--abbrev=12", "--src-prefix=a/", "--dst-prefix=b/"]
-GIT_CONFIG = ["-c", "user.name=llama-vq developers", "-c", "user.email=llama-vq@localhost",
-              "-c", "core.autocrlf=false", "-c", "commit.gpgsign=false", "-c", "core.quotePath=true",
-              "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false", "-c", "advice.detachedHead=false"]
+DIFF_ARGS = [
+    "diff",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-renames",
+    "--unified=3",
+    "--diff-algorithm=myers",
+    "--indent-heuristic",
+    "--abbrev=12",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+]
+GIT_CONFIG = [
+    "-c",
+    "user.name=llama-vq developers",
+    "-c",
+    "user.email=llama-vq@localhost",
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "commit.gpgsign=false",
+    "-c",
+    "core.quotePath=true",
+    "-c",
+    "diff.noprefix=false",
+    "-c",
+    "diff.mnemonicPrefix=false",
+    "-c",
+    "advice.detachedHead=false",
+]
 
 
 def git(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> str:
@@ -58,8 +84,9 @@ def import_queue(dev: Path, root: Path = ROOT) -> None:
     """The series as a branch `queue` in dev (which must not exist)."""
     core._require_vendor()
     if dev.exists():
-        raise core.PatchError(f"{dev} exists. Write back what you need from it (`write`), delete it, "
-                              "and run import again.")
+        raise core.PatchError(
+            f"{dev} exists. Write back what you need from it (`write`), delete it, and run import again."
+        )
     dev.parent.mkdir(parents=True, exist_ok=True)
     core.copy_pristine(dev)
     git(dev, "init", "-q", "-b", "upstream")
@@ -102,8 +129,10 @@ def _write_sources(dev: Path, rev: str, root: Path) -> int:
         status, path = line.split("\t", 1)
         ours = core.tree_path_to_native(path)
         if status != "A" or ours is None:
-            raise core.PatchError(f"`{SOURCES_SUBJECT}` must only add files in NATIVE_MAP's folders; it has "
-                                  f"{status} {path}. Fix: move that change into a patch, or add a mapping.")
+            raise core.PatchError(
+                f"`{SOURCES_SUBJECT}` must only add files in NATIVE_MAP's folders; it has "
+                f"{status} {path}. Fix: move that change into a patch, or add a mapping."
+            )
         files[ours] = path
     for rel, src in core.native_files(root).items():
         if core.tree_path_to_native(rel) not in files:
@@ -123,8 +152,10 @@ def patch_text(dev: Path, rev: str) -> tuple[str, str]:
     name, _, header = msg.partition("\n\n")
     name = name.strip()
     if not NAME_RE.match(name):
-        raise core.PatchError(f"commit {rev[:12]}'s subject `{name}` is not a patch name (NNNN-what.patch). "
-                              "Fix: `git rebase -i upstream` and reword it (or squash it into its patch).")
+        raise core.PatchError(
+            f"commit {rev[:12]}'s subject `{name}` is not a patch name (NNNN-what.patch). "
+            "Fix: `git rebase -i upstream` and reword it (or squash it into its patch)."
+        )
     if not header.strip():
         raise core.PatchError(f"{name} has no DEP-3 header in its commit message")
     diff = git(dev, *DIFF_ARGS, f"{rev}~1", rev)
@@ -160,8 +191,9 @@ def write_queue(dev: Path, root: Path = ROOT) -> list[str]:
 def rebase(dev: Path, new: Path | None, cont: bool) -> None:
     """Move the queue onto another pristine tree with `git rebase --onto` (3-way merges, stops on conflicts)."""
     if cont:
-        proc = subprocess.run(["git", *GIT_CONFIG, "rebase", "--continue"], cwd=dev, text=True,
-                              env=dict(os.environ, GIT_EDITOR="true"))
+        proc = subprocess.run(
+            ["git", *GIT_CONFIG, "rebase", "--continue"], cwd=dev, text=True, env=dict(os.environ, GIT_EDITOR="true")
+        )
         if proc.returncode != 0:
             raise core.PatchError("the rebase stopped again: resolve, `git add`, then `rebase --continue`")
         print("rebased; now `python tools/patches.py write`")
@@ -180,11 +212,18 @@ def rebase(dev: Path, new: Path | None, cont: bool) -> None:
     git(dev, "branch", "-f", "upstream-old", old_base)
     git(dev, "branch", "-f", "upstream", base)
     git(dev, "checkout", "-q", "queue")
-    proc = subprocess.run(["git", *GIT_CONFIG, "rebase", "--onto", "upstream", "upstream-old", "queue"], cwd=dev,
-                          capture_output=True, text=True, env=dict(os.environ, GIT_EDITOR="true"))
+    proc = subprocess.run(
+        ["git", *GIT_CONFIG, "rebase", "--onto", "upstream", "upstream-old", "queue"],
+        cwd=dev,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, GIT_EDITOR="true"),
+    )
     if proc.returncode != 0:
         print(proc.stdout + proc.stderr)
-        raise core.PatchError("a patch conflicts with the new tree: resolve the files git names in the queue, "
-                              "`git add` them, then `python tools/patches.py rebase --continue` (as often as it "
-                              "stops), then `write`. `git rebase --abort` goes back (upstream-old is the old base).")
+        raise core.PatchError(
+            "a patch conflicts with the new tree: resolve the files git names in the queue, "
+            "`git add` them, then `python tools/patches.py rebase --continue` (as often as it "
+            "stops), then `write`. `git rebase --abort` goes back (upstream-old is the old base)."
+        )
     print("rebased cleanly; now `python tools/patches.py write`")

@@ -41,8 +41,24 @@ NATIVE_MAP = {
 }
 
 # Parts of the upstream tree that no build of ours reads; left out of build-tree copies and of the queue.
-SKIP_DIRS = {".git", ".github", ".devops", "models", "docs", "media", "benches", "app", "skills", "gguf-py",
-             "conversion", "pocs", "requirements", "licenses", "grammars", "ci"}
+SKIP_DIRS = {
+    ".git",
+    ".github",
+    ".devops",
+    "models",
+    "docs",
+    "media",
+    "benches",
+    "app",
+    "skills",
+    "gguf-py",
+    "conversion",
+    "pocs",
+    "requirements",
+    "licenses",
+    "grammars",
+    "ci",
+}
 DEFAULT_DEV = ROOT / ".dev" / "llama.cpp"
 STAMP_EXPORT = ".llama-vq-series"
 
@@ -55,12 +71,12 @@ def _require_vendor() -> None:
     pin = read_pin()
     stamp = VENDOR / STAMP_NAME
     if not stamp.exists() or stamp.read_text() != pin.stamp:
-        raise PatchError("vendor/llama.cpp is missing or not the pinned tree. "
-                         "Fix: run `python tools/vendor.py fetch`.")
+        raise PatchError("vendor/llama.cpp is missing or not the pinned tree. Fix: run `python tools/vendor.py fetch`.")
 
 
 def copy_pristine(dest: Path, src: Path = VENDOR) -> None:
     """src (a pristine llama.cpp tree) into dest, without SKIP_DIRS at its top."""
+
     def ignore(directory: str, names: list[str]) -> set[str]:
         return (SKIP_DIRS if Path(directory) == src else {".git"}) & set(names)
 
@@ -84,7 +100,7 @@ def tree_path_to_native(rel: str) -> str | None:
     """ggml/src/ggml-cuda/X -> native/ggml/ggml-cuda/X (None outside NATIVE_MAP's folders)."""
     for ours, theirs in NATIVE_MAP.items():
         if rel.startswith(theirs + "/"):
-            return f"{ours}/{rel[len(theirs) + 1:]}"
+            return f"{ours}/{rel[len(theirs) + 1 :]}"
     return None
 
 
@@ -94,8 +110,10 @@ def place_native(tree: Path, root: Path = ROOT) -> list[str]:
     for rel, src in native_files(root).items():
         dest = tree / rel
         if dest.exists():
-            raise PatchError(f"{src.relative_to(root)} would replace llama.cpp's own {rel}. "
-                             "Fix: give our file another name, or change upstream's file with a patch.")
+            raise PatchError(
+                f"{src.relative_to(root)} would replace llama.cpp's own {rel}. "
+                "Fix: give our file another name, or change upstream's file with a patch."
+            )
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
         placed.append(rel)
@@ -108,12 +126,15 @@ def apply_one(tree: Path, patch: Path) -> None:
         raise PatchError(f"patch {patch.name} is listed in patches/series but patches/{patch.name} is missing")
     # GIT_DIR points nowhere so that `git apply` never looks at an enclosing repository.
     env = dict(os.environ, GIT_DIR=str(tree / ".no-git"), GIT_CEILING_DIRECTORIES=str(tree.parent))
-    proc = subprocess.run(["git", "apply", "-p1", "--whitespace=nowarn", str(patch)], cwd=tree,
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        ["git", "apply", "-p1", "--whitespace=nowarn", str(patch)], cwd=tree, capture_output=True, text=True, env=env
+    )
     if proc.returncode != 0:
-        raise PatchError(f"patch {patch.name} does not apply to the pinned llama.cpp:\n"
-                         f"{(proc.stdout + proc.stderr).strip()}\n"
-                         "Fix: `python tools/patches.py import`, repair it there (git rebase -i), then `write`.")
+        raise PatchError(
+            f"patch {patch.name} does not apply to the pinned llama.cpp:\n"
+            f"{(proc.stdout + proc.stderr).strip()}\n"
+            "Fix: `python tools/patches.py import`, repair it there (git rebase -i), then `write`."
+        )
 
 
 _apply_one = apply_one  # the name older tests use
@@ -236,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command in ("import", "apply"):
             _patch_queue.import_queue(args.dir.resolve())
         elif args.command == "refresh":
-            raise PatchError("refresh is gone: commit your change in the queue (git commit --fixup, rebase -i), "
-                             "then `python tools/patches.py write` (docs/patches.md)")
+            raise PatchError(
+                "refresh is gone: commit your change in the queue (git commit --fixup, rebase -i), "
+                "then `python tools/patches.py write` (docs/patches.md)"
+            )
         elif args.command == "write":
             _patch_queue.write_queue(args.dir.resolve())
         elif args.command == "rebase":

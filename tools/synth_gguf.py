@@ -67,8 +67,7 @@ def default_tokenizer_source() -> Path:
     except (subprocess.SubprocessError, OSError):
         pass
     raise FileNotFoundError(
-        "no tokenizer source: pass tokenizer_from=<a GGUF with tokenizer.* metadata> "
-        "or set LLAMA_VQ_TOKENIZER_GGUF"
+        "no tokenizer source: pass tokenizer_from=<a GGUF with tokenizer.* metadata> or set LLAMA_VQ_TOKENIZER_GGUF"
     )
 
 
@@ -201,9 +200,7 @@ def read_tokenizer_kv(src: str | os.PathLike) -> dict[str, _KV]:
 def _add_tokenizer(writer, tok: dict[str, _KV], n_vocab: int | None) -> int:
     """Add tokenizer metadata to ``writer``, vocabulary padded to ``n_vocab``; return its size."""
     tokens = list(tok["tokenizer.ggml.tokens"].value)
-    types = (
-        list(tok["tokenizer.ggml.token_type"].value) if "tokenizer.ggml.token_type" in tok else None
-    )
+    types = list(tok["tokenizer.ggml.token_type"].value) if "tokenizer.ggml.token_type" in tok else None
     if n_vocab is not None and n_vocab > len(tokens):
         extra = n_vocab - len(tokens)
         tokens += [f"<|llama_vq_pad_{i}|>" for i in range(extra)]
@@ -237,9 +234,7 @@ class _Rand:
 
     def _bytes(self, n: int) -> np.ndarray:
         # Generator.integers on uint64 is ~8x faster than Generator.bytes
-        words = self.rng.integers(
-            0, np.iinfo(np.uint64).max, size=(n + 7) // 8, dtype=np.uint64, endpoint=True
-        )
+        words = self.rng.integers(0, np.iinfo(np.uint64).max, size=(n + 7) // 8, dtype=np.uint64, endpoint=True)
         return words.view(np.uint8)[:n]
 
     def _signs(self, n: int) -> np.ndarray:
@@ -253,17 +248,13 @@ class _Rand:
         """
         shape = tuple(int(s) for s in shape)
         if qtype == GQT.F32:
-            return (self.rng.standard_normal(shape, dtype=np.float32) * std).astype(
-                np.float32
-            ), None
+            return (self.rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32), None
         if qtype == GQT.F16:
             return _f16(self.rng.standard_normal(shape, dtype=np.float32) * std), None
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         n_per_row = shape[-1]
         if n_per_row % block:
-            raise ValueError(
-                f"row length {n_per_row} is not a multiple of {qtype.name}'s block {block}"
-            )
+            raise ValueError(f"row length {n_per_row} is not a multiple of {qtype.name}'s block {block}")
         n_rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
         n_blocks = n_rows * n_per_row // block
         raw = self._bytes(n_blocks * type_size).reshape(n_blocks, type_size)
@@ -369,9 +360,7 @@ class _Streamer:
         else:
             block, type_size = gguf.GGML_QUANT_SIZES[qtype]
             nbytes = int(np.prod(np_shape)) // block * type_size
-            self.writer.add_tensor_info(
-                name, np_shape, np.dtype(np.float32), nbytes, raw_dtype=qtype
-            )
+            self.writer.add_tensor_info(name, np_shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
         self.plan.append((name, make))
 
     def write(self, threads: int | None = None) -> None:

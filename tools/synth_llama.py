@@ -122,16 +122,12 @@ def write_llama_like(
 
     ones, rnd = _ones, _rnd
     qk_std = _w_std(n_embd, _ATTN_SCORE_STD)
-    out.add(
-        "token_embd.weight", (n_embd, n_vocab), base_t, rnd((n_embd, n_vocab), base_t, sc.embd_std)
-    )
+    out.add("token_embd.weight", (n_embd, n_vocab), base_t, rnd((n_embd, n_vocab), base_t, sc.embd_std))
     for il in range(nl):
         b = f"blk.{il}."
         more = more_t if _q4_k_m_more_bits(il, nl) else base_t
         out.add(b + "attn_norm.weight", (n_embd,), GQT.F32, ones(n_embd))
-        out.add(
-            b + "attn_q.weight", (n_embd, n_embd), base_t, rnd((n_embd, n_embd), base_t, qk_std)
-        )
+        out.add(b + "attn_q.weight", (n_embd, n_embd), base_t, rnd((n_embd, n_embd), base_t, qk_std))
         out.add(
             b + "attn_k.weight",
             (n_embd, n_kv * hd),
@@ -157,9 +153,7 @@ def write_llama_like(
             base_t,
             rnd((n_embd, n_ff), base_t, _w_std(n_embd)),
         )
-        out.add(
-            b + "ffn_up.weight", (n_embd, n_ff), base_t, rnd((n_embd, n_ff), base_t, _w_std(n_embd))
-        )
+        out.add(b + "ffn_up.weight", (n_embd, n_ff), base_t, rnd((n_embd, n_ff), base_t, _w_std(n_embd)))
         out.add(
             b + "ffn_down.weight",
             (n_ff, n_embd),

@@ -68,8 +68,20 @@ from synth_llama import LLAMA_PRESETS, write_llama_like  # noqa: E402
 
 # what tests and benchmarks use through this module (the GGUF plumbing lives in synth_gguf, the llama family in
 # synth_llama)
-__all__ = ["GQT", "LLAMA_PRESETS", "MIMO_PRESETS", "_Rand", "default_tokenizer_source", "gguf", "main",
-           "read_gguf_header", "read_tensor_bytes", "write_llama_like", "write_mimo_like", "write_vocab_only"]
+__all__ = [
+    "GQT",
+    "LLAMA_PRESETS",
+    "MIMO_PRESETS",
+    "_Rand",
+    "default_tokenizer_source",
+    "gguf",
+    "main",
+    "read_gguf_header",
+    "read_tensor_bytes",
+    "write_llama_like",
+    "write_mimo_like",
+    "write_vocab_only",
+]
 
 # ----------------------------------------------------------------------------
 # MiMo-like (arch mimo2)
@@ -246,9 +258,7 @@ def write_mimo_like(
     w.add_expert_feed_forward_length(p["n_ff_exp"])
     if n_mtp:
         w.add_nextn_predict_layers(n_mtp)
-    w.add_file_type(
-        gguf.LlamaFileType.MOSTLY_F16 if wt == GQT.F16 else gguf.LlamaFileType.MOSTLY_Q8_0
-    )
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if wt == GQT.F16 else gguf.LlamaFileType.MOSTLY_Q8_0)
     n_vocab = _add_tokenizer(w, tok, p["n_vocab"])
     w.add_vocab_size(n_vocab)
 
@@ -274,9 +284,7 @@ def write_mimo_like(
                 wt,
                 rnd((n_embd, n_head * hk), wt, qk_std),
             )
-            out.add(
-                b + "attn_k.weight", (n_embd, nkv * hk), wt, rnd((n_embd, nkv * hk), wt, qk_std)
-            )
+            out.add(b + "attn_k.weight", (n_embd, nkv * hk), wt, rnd((n_embd, nkv * hk), wt, qk_std))
             out.add(
                 b + "attn_v.weight",
                 (n_embd, nkv * hv),
@@ -410,18 +418,14 @@ def write_vocab_only(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("mimo", help="write a mimo2 model")
     m.add_argument("out")
     m.add_argument("--preset", default="tiny", choices=sorted(MIMO_PRESETS))
     m.add_argument("--n-layer", type=int)
     m.add_argument("--sinks", default="swa", choices=["swa", "all", "none"])
-    m.add_argument(
-        "--split-qkv", action="store_true", help="attn_q/k/v instead of a fused attn_qkv"
-    )
+    m.add_argument("--split-qkv", action="store_true", help="attn_q/k/v instead of a fused attn_qkv")
     m.add_argument("--weight-type", choices=["f16", "q8_0", "q4_0"])
     m.add_argument("--n-vocab", type=int, help="pad the vocabulary to this many tokens")
     m.add_argument(
@@ -434,8 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--mtp",
         type=int,
         metavar="N",
-        help="append N multi-token-prediction (nextn) blocks (MiMo-V2-Flash has 3); "
-        "overrides the preset's n_mtp",
+        help="append N multi-token-prediction (nextn) blocks (MiMo-V2-Flash has 3); overrides the preset's n_mtp",
     )
     ll = sub.add_parser("llama", help="write a llama model")
     ll.add_argument("out")

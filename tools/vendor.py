@@ -18,36 +18,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import os
+import importlib.util
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _pin import STAMP_NAME, VENDOR, Pin, read_pin  # noqa: E402
+from _pin import ROOT, STAMP_NAME, VENDOR, Pin, read_pin  # noqa: E402
+
+
+def _load_fetch():
+    """llama_vq/_fetch.py, the package's fetch-and-verify cache, by path: the package is not built (or importable)
+    yet when this runs, and that module imports nothing of it."""
+    spec = importlib.util.spec_from_file_location("llama_vq_fetch", ROOT / "llama_vq" / "_fetch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_fetch = _load_fetch()
+_sha256 = _fetch.sha256
 
 
 class VendorError(RuntimeError):
     pass
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("LLAMA_VQ_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-vq"
-    )
-    return Path(base) / "sdist"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def is_current(pin: Pin, vendor: Path = VENDOR) -> bool:
@@ -57,37 +53,24 @@ def is_current(pin: Pin, vendor: Path = VENDOR) -> bool:
 
 def sdist_path(pin: Pin) -> Path:
     """Return the pinned sdist, downloading it with pip into the cache when missing."""
-    cache = _cache_dir()
+    cache = _fetch.cache_dir("sdist")
     name = f"llama_cpp_python-{pin.llama_cpp_python}.tar.gz"
     path = cache / name
     if path.exists() and _sha256(path) == pin.sdist_sha256:
         return path
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        req = Path(tmp) / "requirements.txt"
-        # --require-hashes makes pip itself refuse anything but the pinned file.
-        req.write_text(f"llama-cpp-python=={pin.llama_cpp_python} --hash=sha256:{pin.sdist_sha256}\n")
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
-            "--require-hashes", "-r", str(req), "-d", tmp,
-        ]
         print(f"llama-vq: fetching llama-cpp-python=={pin.llama_cpp_python} sdist with pip", file=sys.stderr)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / name
-        if proc.returncode != 0 or not got.exists():
-            raise VendorError(
-                f"could not download llama-cpp-python=={pin.llama_cpp_python} with pip "
-                f"(exit {proc.returncode}):\n{proc.stderr.strip()[-2000:]}\n"
-                "Fix: check network access to your package index, or place the file "
-                f"{name} (sha256 {pin.sdist_sha256}) in {cache} and run again."
+        try:
+            (got,) = _fetch.pip_download(
+                [(f"llama-cpp-python=={pin.llama_cpp_python}", pin.sdist_sha256)], Path(tmp), binary=False
             )
-        digest = _sha256(got)
-        if digest != pin.sdist_sha256:
+        except _fetch.FetchError as e:
             raise VendorError(
-                f"{name} has sha256 {digest}, but the pin in pyproject.toml says "
-                f"{pin.sdist_sha256}. Refusing to use it. Fix: make sure your index serves the "
-                "genuine release, or update the pin deliberately (README: 'Bumping the pin')."
-            )
+                f"{e}\nFix: check network access to your package index, or place the file {name} "
+                f"(sha256 {pin.sdist_sha256}) in {cache} and run again. A different file from the index: make sure "
+                "it serves the genuine release, or update the pin deliberately (docs/build.md, bumping the pin)."
+            ) from None
         shutil.move(str(got), path)
     return path
 
@@ -95,9 +78,7 @@ def sdist_path(pin: Pin) -> Path:
 def extract(pin: Pin, sdist: Path, vendor: Path = VENDOR) -> None:
     digest = _sha256(sdist)
     if digest != pin.sdist_sha256:
-        raise VendorError(
-            f"{sdist} has sha256 {digest}, expected {pin.sdist_sha256}. Delete it and run again."
-        )
+        raise VendorError(f"{sdist} has sha256 {digest}, expected {pin.sdist_sha256}. Delete it and run again.")
     prefix = f"llama_cpp_python-{pin.llama_cpp_python}/vendor/llama.cpp/"
     vendor.parent.mkdir(parents=True, exist_ok=True)
     # fetches hold the lock one at a time (fetch()): a staging directory seen now is an interrupted fetch's
@@ -123,7 +104,7 @@ def _extract_into(sdist: Path, prefix: str, staging: Path) -> int:
         for m in tar.getmembers():
             if not m.name.startswith(prefix) or m.name == prefix.rstrip("/"):
                 continue
-            rel = m.name[len(prefix):]
+            rel = m.name[len(prefix) :]
             if rel == ".git" or rel.startswith(".git/"):
                 continue  # a gitlink into the sdist's own .git; meaningless here
             m.name = rel

@@ -117,7 +117,8 @@ def _openapi(app: FastAPI, settings: Settings) -> dict:
     return app.openapi_schema
 
 
-async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)  # registered for that class only
     if exc.status_code == 404:
         body = error_body(404, "File Not Found", "not_found_error")
     elif exc.status_code == 405:

@@ -5,8 +5,8 @@ streamed, returns when it is done) and each `next` of a stream (which blocks unt
 loop only awaits them, and watches two things meanwhile:
 
 - the client: when it disconnects, streamed or not, the call is cancelled (llama-server's should_stop, with the
-  waiting handler woken at once, patch 0021); the native request is freed once its step has returned, which
-  cancels its tasks, and the task loop frees the slot at its next iteration;
+  waiting handler woken at once, patch 0021-server-wake-waiting-handlers); the native request is freed once its
+  step has returned, which cancels its tasks, and the task loop frees the slot at its next iteration;
 - the server's drain (`close()`, at the end of --drain-timeout): an answer not yet begun gets a 503, an open stream
   a final error event in its API's shape (sse.py) and a proper end of its body; then the call is cancelled too.
 
@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -108,7 +109,7 @@ async def _form_as_json(request: Request) -> tuple[bytes, list[tuple[str, str, s
     fields: dict = {}
     files = []
     for key, value in form.multi_items():
-        if hasattr(value, "read"):
+        if isinstance(value, UploadFile):
             files.append((key, value.filename or "", value.content_type or "", await value.read()))
         elif key in fields:
             fields[key] = (fields[key] if isinstance(fields[key], list) else [fields[key]]) + [value]

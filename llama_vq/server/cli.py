@@ -75,7 +75,7 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
         app,
         log_level="warning",
         # a backstop only: at the end of the drain the bridge ends every answer itself (bridge.close)
-        timeout_graceful_shutdown=settings.drain_timeout + CLOSE_GRACE,
+        timeout_graceful_shutdown=settings.drain_timeout + CLOSE_GRACE,  # type: ignore[arg-type]  # a float works
         timeout_keep_alive=30,
         access_log=False,
         lifespan="off",

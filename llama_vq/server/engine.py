@@ -9,16 +9,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import json
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import llama_vq  # noqa: F401  (binds llama_cpp to llama_vq's libraries first)
-from llama_vq._binding import LIB_DIR
-
-ABI_VERSION = 1
-_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
+from llama_vq import _cdll
 
 
 class EngineError(RuntimeError):
@@ -26,65 +22,44 @@ class EngineError(RuntimeError):
 
 
 _c = ctypes
-_p, _sz, _char_pp = _c.c_void_p, _c.c_size_t, _c.POINTER(_c.c_char_p)
-# name: (argtypes, restype); c_void_p results that are our malloc'd strings are freed by _take()
-_SIGNATURES: dict[str, tuple[list, Any]] = {
-    "llama_vq_server_abi_version": ([], _c.c_int),
-    "llama_vq_server_create": ([_c.c_int, _c.POINTER(_c.c_char_p), _c.POINTER(_p)], _p),
-    "llama_vq_server_params": ([_p], _p),
-    "llama_vq_server_routes": ([_p], _p),
-    "llama_vq_server_set_swa_cache_types": ([_p, _c.c_int, _c.c_int], None),
-    "llama_vq_server_load": ([_p], _c.c_int),
-    "llama_vq_server_state": ([_p], _p),
-    "llama_vq_server_run": ([_p], None),
-    "llama_vq_server_terminate": ([_p], None),
-    "llama_vq_server_free": ([_p], None),
-    "llama_vq_server_call_new": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz, _c.POINTER(_p)], _p),
-    "llama_vq_server_call_add_file": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz], None),
-    "llama_vq_server_call_run": ([_p], _c.c_int),
-    "llama_vq_server_call_head": ([_p], _c.c_char_p),
-    "llama_vq_server_call_body": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], None),
-    "llama_vq_server_call_next": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], _c.c_int),
-    "llama_vq_server_call_cancel": ([_p], None),
-    "llama_vq_server_call_free": ([_p], None),
-    "llama_vq_server_string_free": ([_p], None),
-}
-
-_lib_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
+_p, _sz = _c.c_void_p, _c.c_size_t
+# c_void_p results that are our malloc'd strings are freed by _take()
+SERVER = _cdll.Library(
+    "llama-vq-server",
+    {
+        "llama_vq_server_abi_version": ([], _c.c_int),
+        "llama_vq_server_create": ([_c.c_int, _c.POINTER(_c.c_char_p), _c.POINTER(_p)], _p),
+        "llama_vq_server_params": ([_p], _p),
+        "llama_vq_server_routes": ([_p], _p),
+        "llama_vq_server_set_swa_cache_types": ([_p, _c.c_int, _c.c_int], None),
+        "llama_vq_server_load": ([_p], _c.c_int),
+        "llama_vq_server_state": ([_p], _p),
+        "llama_vq_server_run": ([_p], None),
+        "llama_vq_server_terminate": ([_p], None),
+        "llama_vq_server_free": ([_p], None),
+        "llama_vq_server_call_new": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz, _c.POINTER(_p)], _p),
+        "llama_vq_server_call_add_file": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz], None),
+        "llama_vq_server_call_run": ([_p], _c.c_int),
+        "llama_vq_server_call_head": ([_p], _c.c_char_p),
+        "llama_vq_server_call_body": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], None),
+        "llama_vq_server_call_next": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], _c.c_int),
+        "llama_vq_server_call_cancel": ([_p], None),
+        "llama_vq_server_call_free": ([_p], None),
+        "llama_vq_server_string_free": ([_p], None),
+    },
+    abi_function="llama_vq_server_abi_version",
+    abi_version=1,
+    error=EngineError,
+)
 
 
 def _native() -> ctypes.CDLL:
-    global _lib
-    with _lib_lock:
-        if _lib is None:
-            path = LIB_DIR / f"libllama-vq-server{_SUFFIX}"
-            if not path.exists():
-                raise EngineError(
-                    f"{path} is missing: this llama-vq build has no server engine; rebuild llama-vq "
-                    "(scripts/build.sh install)"
-                )
-            lib = ctypes.CDLL(str(path))
-            for name, (args, res) in _SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.argtypes, fn.restype = args, res
-            if lib.llama_vq_server_abi_version() != ABI_VERSION:
-                raise EngineError(
-                    f"{path} has server ABI {lib.llama_vq_server_abi_version()}, this package "
-                    f"needs {ABI_VERSION}: reinstall llama-vq"
-                )
-            _lib = lib
-        return _lib
+    return _cdll.load(SERVER)
 
 
 def _take(ptr: int | None) -> Any:
-    """Decode and free a JSON string the library allocated."""
-    if not ptr:
-        return None
-    try:
-        return json.loads(ctypes.string_at(ptr).decode("utf-8", "replace"))
-    finally:
-        _native().llama_vq_server_string_free(ptr)
+    """Decode and free a JSON string the library allocated (None for NULL)."""
+    return _cdll.take_json(_native(), "llama_vq_server_string_free", ptr)
 
 
 def _error_message(err: ctypes.c_void_p, default: str) -> str:
@@ -147,13 +122,13 @@ class Call:
     def body(self) -> bytes:
         data, size = ctypes.c_void_p(), ctypes.c_size_t()
         _native().llama_vq_server_call_body(self._h, ctypes.byref(data), ctypes.byref(size))
-        return ctypes.string_at(data.value, size.value) if size.value else b""
+        return ctypes.string_at(data.value, size.value) if size.value and data.value else b""
 
     def next(self) -> tuple[bytes, bool]:
         """The stream's next chunk (may be empty) and whether more may follow. Blocks."""
         data, size = ctypes.c_void_p(), ctypes.c_size_t()
         more = _native().llama_vq_server_call_next(self._h, ctypes.byref(data), ctypes.byref(size))
-        return (ctypes.string_at(data.value, size.value) if size.value else b""), bool(more)
+        return (ctypes.string_at(data.value, size.value) if size.value and data.value else b""), bool(more)
 
     def cancel(self) -> None:
         with self._lock:

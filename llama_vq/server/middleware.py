@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .engine import Engine
 from .responses import error_body, header_case, send_json
@@ -81,7 +81,7 @@ class HeaderCaseMiddleware:
             await self.app(scope, receive, send)
             return
 
-        async def cased(msg: dict) -> None:
+        async def cased(msg: Message) -> None:
             if msg["type"] == "http.response.start":
                 msg = dict(msg)
                 msg["headers"] = [(header_case(k), v) for k, v in msg.get("headers", [])]

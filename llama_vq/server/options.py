@@ -3,6 +3,9 @@
 Every other argument is llama-server's and goes, untouched and in order, to llama.cpp's own argument parser
 (common_params_parse for the server), so every llama-server flag and LLAMA_ARG_* variable works as documented
 there. A flag of ours may also come from its environment variable (the flag wins).
+
+FLAGS is the one source of our flags' names, help and defaults: settings.Settings takes its defaults from here,
+--help prints them, and tests/test_server_options.py checks docs/server.md against them.
 """
 
 from __future__ import annotations
@@ -48,10 +51,21 @@ class Flag:
     metavar: str
     help: str
     convert: Callable[[str, str], object] = lambda v, _f: v
+    default_text: str | None = None  # the default as a user writes it ("8G"); None: unset
 
     @property
     def env(self) -> str:
         return "LLAMA_VQ_" + self.flag.lstrip("-").replace("-", "_").upper()
+
+    @property
+    def default(self) -> object:
+        """The default value (default_text converted), None when unset."""
+        return None if self.default_text is None else self.convert(self.default_text, self.flag)
+
+    @property
+    def help_line(self) -> str:
+        default = f"default {self.default_text}; " if self.default_text is not None else ""
+        return f"{self.help} ({default}env: {self.env})"
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -66,8 +80,9 @@ FLAGS: tuple[Flag, ...] = (
         "state_budget",
         "--state-budget",
         "SIZE",
-        "disk budget of --state-dir (e.g. 8G); the least recently written states go beyond it (default 8G)",
+        "disk budget of --state-dir (e.g. 200G); the least recently written states go beyond it",
         parse_size,
+        "8G",
     ),
     Flag(
         "cache_type_k_swa",
@@ -85,23 +100,24 @@ FLAGS: tuple[Flag, ...] = (
         "drain_timeout",
         "--drain-timeout",
         "SECONDS",
-        "on SIGTERM/SIGINT, how long running requests may finish before they are cancelled (default 3; "
-        "llama-swap kills after 5 s)",
+        "on SIGTERM/SIGINT, how long running requests may finish before they are cancelled (llama-swap kills "
+        "after 5 s)",
         _seconds,
+        "3",
     ),
-    Flag(
-        "max_body_size", "--max-body-size", "SIZE", "largest request body accepted, else 413 (default 64M)", parse_size
-    ),
+    Flag("max_body_size", "--max-body-size", "SIZE", "largest request body accepted, else 413", parse_size, "64M"),
     Flag(
         "sse_keepalive",
         "--sse-keepalive",
         "SECONDS",
         "while a streamed request's prompt is processed, send an SSE comment every SECONDS so that clients and "
-        "proxies keep the connection (0: off; default 10)",
+        "proxies keep the connection (0: off)",
         _seconds,
+        "10",
     ),
 )
 _BY_FLAG = {f.flag: f for f in FLAGS}
+DEFAULTS: dict[str, object] = {f.name: f.default for f in FLAGS}
 
 
 def split_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -> tuple[dict[str, object], list[str]]:
@@ -134,6 +150,6 @@ def split_argv(argv: Sequence[str], environ: dict[str, str] | None = None) -> tu
 def help_text() -> str:
     lines = ["llama-vq-server: llama-server's engine and flags, plus llama-vq's own:", ""]
     for f in FLAGS:
-        lines.append(f"  {f.flag} {f.metavar:<8} {f.help} (env: {f.env})")
+        lines.append(f"  {f.flag + ' ' + f.metavar:<26} {f.help_line}")
     lines += ["", "llama-server's flags follow (parsed by llama.cpp's own argument parser):", ""]
     return "\n".join(lines)

@@ -274,7 +274,8 @@ def operation_extra(method: str, path: str) -> dict[str, Any]:
 def component_schemas() -> dict[str, Any]:
     """Every model's JSON schema, for the document's components (nested models hoisted beside them)."""
     out: dict[str, Any] = {}
-    for model in {*BODIES.values(), ErrorResponse}:
+    models: set[type[BaseModel]] = {*BODIES.values(), ErrorResponse}
+    for model in models:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         out.update(schema.pop("$defs", {}))
         out[model.__name__] = schema

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable
 
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .responses import error_body, first_header, send_json
 
@@ -84,7 +84,7 @@ class AlwaysAllowOrigin:
             await self.app(scope, receive, send)
             return
 
-        async def wrapped(msg: dict) -> None:
+        async def wrapped(msg: Message) -> None:
             if msg["type"] == "http.response.start":
                 names = {k.lower() for k, _ in msg.get("headers", [])}
                 if b"access-control-allow-origin" not in names:
@@ -151,7 +151,7 @@ class BodyLimitMiddleware:
         seen = 0
         started = False
 
-        async def counted() -> dict:
+        async def counted() -> Message:
             nonlocal seen
             msg = await receive()
             if msg["type"] == "http.request":
@@ -160,7 +160,7 @@ class BodyLimitMiddleware:
                     raise _TooLarge
             return msg
 
-        async def tracked(msg: dict) -> None:
+        async def tracked(msg: Message) -> None:
             nonlocal started
             started = started or msg["type"] == "http.response.start"
             await send(msg)

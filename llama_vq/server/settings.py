@@ -10,7 +10,13 @@ from typing import Any
 from llama_vq import parse_cache_type
 from llama_vq.errors import CacheConfigError
 
-from .options import OptionError
+from .options import DEFAULTS, OptionError
+
+
+def _ours(name: str) -> Any:
+    """The default of a llama-vq flag, from options.FLAGS."""
+    return DEFAULTS[name]
+
 
 # At the pinned llama.cpp, -sm row needs a backend's split buffer type, which ggml-cuda (CUDA and HIP) and ggml-rpc
 # do not provide (llama-model.cpp then throws while loading); tests/test_server_split_mode.py checks the pinned source
@@ -39,12 +45,12 @@ class Settings:
     slot_save_path: str = ""
     # llama-vq's own
     state_dir: Path | None = None
-    state_budget: int = 8 << 30
+    state_budget: int = _ours("state_budget")
     cache_type_k_swa: int | None = None  # ggml type ids
     cache_type_v_swa: int | None = None
-    drain_timeout: float = 3.0
-    max_body_size: int = 64 << 20
-    sse_keepalive: float = 10.0
+    drain_timeout: float = _ours("drain_timeout")
+    max_body_size: int = _ours("max_body_size")
+    sse_keepalive: float = _ours("sse_keepalive")
 
     @classmethod
     def build(cls, ours: dict[str, Any], params: dict[str, Any]) -> Settings:
@@ -65,24 +71,26 @@ class Settings:
                 "--ssl-key-file/--ssl-cert-file: llama-vq-server serves plain HTTP; put a TLS proxy "
                 "in front of it (or run llama-server for built-in TLS)"
             )
+        d = cls()  # the defaults: llama-server's as its parser sets them, ours from options.FLAGS
+        host = str(params.get("host", d.host))
         return cls(
-            host=str(params.get("host", "127.0.0.1")),
-            hosts=tuple(str(h) for h in params.get("hosts") or ()) or (str(params.get("host", "127.0.0.1")),),
-            port=int(params.get("port", 8080)),
-            api_prefix=str(params.get("api_prefix", "")),
-            api_keys=tuple(params.get("api_keys", ())),
-            cors_origins=str(params.get("cors_origins", "*")),
-            cors_methods=str(params.get("cors_methods", "GET, POST, DELETE, OPTIONS")),
-            cors_headers=str(params.get("cors_headers", "*")),
-            cors_credentials=bool(params.get("cors_credentials", True)),
-            n_parallel=int(params.get("n_parallel", 4)),
-            metrics=bool(params.get("endpoint_metrics", False)),
-            slot_save_path=str(params.get("slot_save_path", "")),
+            host=host,
+            hosts=tuple(str(h) for h in params.get("hosts") or ()) or (host,),
+            port=int(params.get("port", d.port)),
+            api_prefix=str(params.get("api_prefix", d.api_prefix)),
+            api_keys=tuple(params.get("api_keys", d.api_keys)),
+            cors_origins=str(params.get("cors_origins", d.cors_origins)),
+            cors_methods=str(params.get("cors_methods", d.cors_methods)),
+            cors_headers=str(params.get("cors_headers", d.cors_headers)),
+            cors_credentials=bool(params.get("cors_credentials", d.cors_credentials)),
+            n_parallel=int(params.get("n_parallel", d.n_parallel)),
+            metrics=bool(params.get("endpoint_metrics", d.metrics)),
+            slot_save_path=str(params.get("slot_save_path", d.slot_save_path)),
             state_dir=state_dir,
-            state_budget=int(ours.get("state_budget", 8 << 30)),
+            state_budget=int(ours.get("state_budget", d.state_budget)),
             cache_type_k_swa=swa.get("cache_type_k_swa"),
             cache_type_v_swa=swa.get("cache_type_v_swa"),
-            drain_timeout=float(ours.get("drain_timeout", 3.0)),
-            max_body_size=int(ours.get("max_body_size", 64 << 20)),
-            sse_keepalive=float(ours.get("sse_keepalive", 10.0)),
+            drain_timeout=float(ours.get("drain_timeout", d.drain_timeout)),
+            max_body_size=int(ours.get("max_body_size", d.max_body_size)),
+            sse_keepalive=float(ours.get("sse_keepalive", d.sse_keepalive)),
         )

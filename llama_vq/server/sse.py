@@ -5,6 +5,7 @@ Responses)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 KEEPALIVE = b": keepalive\n\n"
 
@@ -29,10 +30,10 @@ def final_error(route_path: str, message: str, n_events: int) -> bytes:
     then "data: [DONE]" for the OpenAI streams that end with it. `n_events`: events sent so far (a Responses event's
     sequence_number)."""
     if route_path in ANTHROPIC:
-        doc = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
-        return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
+        anthropic = {"type": "error", "error": {"type": "overloaded_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(anthropic).encode() + b"\n\n"
     if route_path in RESPONSES:
-        doc = {
+        doc: dict[str, Any] = {
             "type": "error",
             "code": "server_shutting_down",
             "message": message,

@@ -146,7 +146,8 @@ class StateDir:
         return total
 
     def _files(self, slot: int) -> list[Path]:
-        """The slot's state file and llama-server's checkpoint file beside it (patch 0016)."""
+        """The slot's state file and llama-server's checkpoint file beside it (patch
+        0016-server-slot-save-keeps-checkpoints)."""
         path = self.root / self.file_name(slot)
         return [path, path.with_name(path.name + ".checkpoints")]
 

@@ -121,8 +121,9 @@ struct llama_vq_server {
     }
 
     // the SWA cache types reach every context this server creates (llama-server's -fit probe, the context itself,
-    // each wake from sleep, a draft model's) through libllama's LLAMA_VQ_CACHE_TYPE_K_SWA / _V_SWA (patch 0010):
-    // its per-thread setter is consumed by the first context created, which with -fit on is the fit's probe
+    // each wake from sleep, a draft model's) through libllama's LLAMA_VQ_CACHE_TYPE_K_SWA / _V_SWA (patch
+    // 0010-llama-swa-layer-cache-types): its per-thread setter is consumed by the first context created, which with
+    // -fit on is the fit's probe
     void set_swa_env() const {
         if (swa_type_k >= 0) {
             setenv("LLAMA_VQ_CACHE_TYPE_K_SWA", ggml_type_name((ggml_type) swa_type_k), 1);
@@ -398,7 +399,8 @@ int llama_vq_server_call_run(llama_vq_server_call * call) {
             call->res = error_response("empty response from handler", ERROR_TYPE_SERVER);
         }
     } catch (const std::exception & e) {
-        // as llama-server's ex_wrapper: the client's mistakes are 400, anything else 500 (patch 0020)
+        // as llama-server's ex_wrapper: the client's mistakes are 400, anything else 500
+        // (patch 0020-server-client-errors-are-4xx)
         call->res = error_response(e.what(), exception_error_type(e));
     } catch (...) {
         call->res = error_response("unknown error", ERROR_TYPE_SERVER);
@@ -449,7 +451,8 @@ int llama_vq_server_call_next(llama_vq_server_call * call, const char ** data, s
 
 void llama_vq_server_call_cancel(llama_vq_server_call * call) {
     call->cancelled.store(true);
-    // the handler waiting for this call's results checks should_stop() now, not at its next 1 s poll (patch 0021)
+    // the handler waiting for this call's results checks should_stop() now, not at its next 1 s poll
+    // (patch 0021-server-wake-waiting-handlers)
     call->srv->ctx_server.wake_waiters();
 }
 

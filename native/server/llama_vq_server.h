@@ -3,7 +3,8 @@
 // The HTTP front end (llama-vq-server, FastAPI) owns sockets, authentication, CORS, limits and lifecycle;
 // this library owns everything llama-server does behind its routes: slots, continuous batching, the prompt
 // cache, SWA checkpoints, speculative decoding, the chat layer and every endpoint's semantics. Route
-// handlers are upstream's (server_routes::for_each_route, patch 0015), called with a request built here.
+// handlers are upstream's (server_routes::for_each_route, patch 0015-server-route-table-and-param-defaults),
+// called with a request built here.
 //
 // Strings returned as `char *` are NUL-terminated UTF-8 JSON allocated here: free them with
 // llama_vq_server_string_free. Pointers returned as `const char *` belong to their object. No C++ exception

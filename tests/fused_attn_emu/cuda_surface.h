@@ -1,5 +1,5 @@
 // The CUDA and HIP surface our kernels use, on std::threads (launch.h runs them): thread and block indices, barriers,
-// warp shuffles, ballots and 0040's two warp-wide matrix instructions as exchanges between barriers of a warp's lanes,
+// warp shuffles, ballots and the tensor-core V*P's two warp-wide matrix instructions as exchanges between barriers of a warp's lanes,
 // f16 arithmetic rounded once to nearest even, and ggml's block types (ggml.h and ggml-common.h of the exported tree).
 //
 // Two surfaces, chosen at compile time (a kernel's warp size is a constant expression, as on the GPU):
@@ -42,7 +42,7 @@
 #define __launch_bounds__(...)
 #define NO_DEVICE_CODE do { fprintf(stderr, "NO_DEVICE_CODE reached\n"); abort(); } while (0)
 #define GGML_UNUSED(x) (void) (x)
-// programmatic dependent launch (0043): one grid at a time here, nothing to wait for
+// programmatic dependent launch: one grid at a time here, nothing to wait for
 static inline void ggml_cuda_pdl_sync() {}
 static inline void ggml_cuda_pdl_lc() {}
 
@@ -336,7 +336,7 @@ static T & emu_static_shared(const void * key) {
 // one key per declaration and template instance
 #define EMU_SHARED_KEY ([] { static const char k = 0; return (const void *) &k; }())
 
-// ---- f16 arithmetic, byte permutes and the two warp-wide matrix instructions of 0040's tensor-core V*P ----
+// ---- f16 arithmetic, byte permutes and the two warp-wide matrix instructions of the tensor-core V*P ----
 static inline half mkh(const double v) { return half::raw(fp64_to_fp16(v)); }
 static inline double hd(const half h) { return fp16_to_fp32(h.bits); }
 static inline half __float2half(const float f) { return mkh(f); }

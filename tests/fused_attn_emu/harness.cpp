@@ -1,4 +1,4 @@
-// Runs the CUDA kernels of patches 0023 + 0032-0040 (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU
+// Runs the fused decode attention's CUDA kernels (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine) on the CPU
 // (cuda_surface.h, launch.h): every block's 128 threads are std::threads, __syncthreads() a block barrier, and a warp
 // shuffle an exchange through memory between two barriers of the warp's lanes (a shuffle that not every lane of the
 // warp reaches deadlocks here, as it is undefined on the GPU). The kernels' source and dequantize-x8.cuh are the files
@@ -6,8 +6,8 @@
 // tests/kernel_sources.py); the launch configuration (splits, chunk width, shared memory size) is the host code's,
 // restated below. Each case is compared with a float64 softmax(scale*K.Q + mask, sinks) V on the same quantized blocks,
 // decoded here independently of dequantize_x8.
-// Built for the CUDA surface (32-lane warps; 0036's two tile buffers, whose cp.async code runs with plain loads here;
-// 0040's tensor-core V*P on an emulation of its two instructions, held to an NMSE bound of its own since V and P are
+// Built for the CUDA surface (32-lane warps; the two tile buffers, whose cp.async code runs with plain loads here;
+// the tensor-core V*P on an emulation of its two instructions, held to an NMSE bound of its own since V and P are
 // rounded to f16 there) or, with -DGGML_USE_HIP, for gfx90a's (64-lane wavefronts, one tile buffer, the f32 V*P that
 // LLAMA_VQ_CUDA_FUSED_ATTN=1 gives HIP, 64 KiB of LDS: cases past it are the host's to refuse and are skipped).
 //
@@ -21,7 +21,7 @@
 #include DEQ_INC
 
 #if !defined(GGML_USE_HIP)
-// the two-buffer tile pipeline (0036) is NVIDIA's (cp.async); here its code runs with plain loads
+// the two-buffer tile pipeline is NVIDIA's (cp.async); here its code runs with plain loads
 #define AD_TWO_BUFFERS
 #endif
 #include KERNEL_INC
@@ -70,17 +70,17 @@ struct attn_case {
     int dk, dv, n_head, n_head_kv, n_kv, ntok, n_stream;
     bool sinks, mask_f16;
     int n_rot, nsm;
-    int nbuf; // K and V tile buffers (0036): 2 as on NVIDIA sm_80+ (staged here by plain loads), 1 as on HIP
-    bool tail = false; // 0037: the output permuted to [d_v, n_head, n_tokens, n_stream], contiguous
-    int out_rot = 0;   // 0037: and every out_rot-segment of a row Hadamard-rotated (V's inverse rotation)
-    bool vmma = false; // 0040: V*P on (emulated) tensor cores, V and P rounded to f16 (d_v 128)
+    int nbuf; // K and V tile buffers: 2 as on NVIDIA sm_80+ (staged here by plain loads), 1 as on HIP
+    bool tail = false; // the output permuted to [d_v, n_head, n_tokens, n_stream], contiguous
+    int out_rot = 0;   // and every out_rot-segment of a row Hadamard-rotated (V's inverse rotation)
+    bool vmma = false; // V*P on (emulated) tensor cores, V and P rounded to f16 (d_v 128)
 };
 
 static const char * tname(ggml_type t) { return t == GGML_TYPE_Q4_0 ? "q4_0" : t == GGML_TYPE_Q4_1 ? "q4_1" : "q8_0"; }
 
 // the queries as the kernel's K*Q sees them, in float64: rotated (scaled, then the butterflies in the kernel's order,
 // in float32: the same floats), then int8 per 32 values (d = amax/127, q = round(x/d), float32 as the kernel and
-// ggml's q8_0): the quantized queries are a choice of the kernel (0034), the reference then checks everything else
+// ggml's q8_0): the quantized queries are a choice of the kernel, the reference then checks everything else
 // exactly
 static std::vector<double> reference_queries(const attn_case & c, const std::vector<float> & q) {
     std::vector<float> qf(q.begin(), q.end());
@@ -152,7 +152,7 @@ static std::vector<double> reference_row(const attn_case & c, const std::vector<
 static bool run_case(const attn_case & c0, int seed) {
     attn_case c = c0;
 #if defined(GGML_USE_HIP)
-    // gfx90a: no tensor cores for 0040's V*P (NVIDIA's form only: the host never picks it on HIP) and no cp.async,
+    // gfx90a: no tensor cores for the tensor-core V*P (NVIDIA's form only: the host never picks it on HIP) and no cp.async,
     // so one tile buffer (attn_decode_nbuf)
     if (c.vmma) {
         return true;
@@ -302,7 +302,7 @@ static bool run_case(const attn_case & c0, int seed) {
         }
     }
     const double nmse = num/den;
-    // f32 V*P: rounding only (<= 7e-14 seen); tensor-core V*P (0040): V and P rounded to f16 once each (relative
+    // f32 V*P: rounding only (<= 7e-14 seen); tensor-core V*P: V and P rounded to f16 once each (relative
     // 2^-11 at most), an error of its own kind, bounded separately
     const bool ok = finite && nmse < (c.vmma ? 1e-6 : 1e-9);
     printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d vmma=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
@@ -333,12 +333,12 @@ int main() {
         {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 1000, 1, 1, true, false,   0,   1, 1}, // the same with one buffer
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0,  32,  32,  8, 2, 150, 2, 1, false, false,   0,   2, 1}, // 18-byte rows: 2-byte units
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, 256, 256,  8, 4, 200, 1, 2, true,  false,   0,   4, 2}, // 144/160-byte rows: 16-byte units
-        // 0037: the permuted, contiguous output, and V's inverse rotation (one split: in ad_write_out; several: in the combine)
+        // the permuted, contiguous output, and V's inverse rotation (one split: in ad_write_out; several: in the combine)
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false, 128,   1, 2, true,  64},
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 400, 2, 2, true,  false, 128,  16, 2, true,  64},
         {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 300, 2, 1, true,  false,  64,  16, 1, true, 128},
         {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 260, 3, 1, false, true,    0,   8, 2, true,   0},
-        // 0040: V*P on tensor cores (d_v 128): 1 to 32 columns (1 to 4 n-tiles), tiles of 1 to 64 cells, every V type
+        // V*P on tensor cores (d_v 128): 1 to 32 columns (1 to 4 n-tiles), tiles of 1 to 64 cells, every V type
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,   1, 1, 1, false, false,   0, 132, 2, false,  0, true}, // 8B shape
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 127, 2, 1, true,  false,   0, 132, 2, false,  0, true},
         {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 128, 128, 32, 8, 700, 1, 1, true,  false,   0,  16, 2, false,  0, true},

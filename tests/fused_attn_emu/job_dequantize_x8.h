@@ -1,4 +1,4 @@
-// dequantize-x8.cuh (0011, 0033): dequantize_x8_rows, the dequantization of a (permuted) quantized tensor to F32 or F16
+// dequantize-x8.cuh: dequantize_x8_rows, the dequantization of a (permuted) quantized tensor to F32 or F16
 // with dequantize_x8 (which mmvq-short, out-prod and the fused attention use too), for the six types. Reference: the
 // blocks decoded from ggml-common.h's layouts (blocks.h). Bounds: F32 1e-12 (one f32 rounding per value at most:
 // NMSE < 2^-46), F16 3e-7 (one rounding to f16: relative 2^-11, NMSE < 2.4e-7).

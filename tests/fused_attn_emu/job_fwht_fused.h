@@ -1,5 +1,5 @@
-// fwht-fused.cu (0017, 0030, 0044): the rotation fusions. k_fwht_set_rows stores every N-segment of a K/V row
-// Hadamard-rotated and quantized into the cache row its set_rows index names (ROPE: the rope of 0044 applied first,
+// fwht-fused.cu: the rotation fusions. k_fwht_set_rows stores every N-segment of a K/V row
+// Hadamard-rotated and quantized into the cache row its set_rows index names (ROPE: K's rope applied first,
 // read from the rope's strided source); k_cont_fwht rotates the segments of a permuted F32 source into a contiguous
 // output. A block is FWHT_FUSED_ROWS warps of the device's warp size, one segment each, as the host launches them
 // (restated here). References in float64: the rope (ggml's formula with its YaRN ramp), then the Walsh-Hadamard matrix

@@ -1,5 +1,5 @@
-// mmvq-short.cu (0012, 0017): the short-row K*Q, mul_mat_vec_q_short, plain and with the queries' Hadamard rotation
-// folded in (0017's kq fusion). src0 a quantized K cache viewed as [d_k, n_kv, n_head_kv, n_stream], src1 the queries
+// mmvq-short.cu: the short-row K*Q, mul_mat_vec_q_short, plain and with the queries' Hadamard rotation
+// folded in (the FWHT_KQ fusion). src0 a quantized K cache viewed as [d_k, n_kv, n_head_kv, n_stream], src1 the queries
 // [d_k, n_tokens, n_head, n_stream] (a permuted view), dst [n_kv, n_tokens, n_head, n_stream]; the launch planned as
 // mul_mat_vec_q_short_launch plans it (restated here), on a device of nsm SMs/CUs. Reference: float64 dot products of
 // the decoded blocks with the queries (rotated in float64 by the Hadamard matrix when rot > 0). NMSE bound 1e-9: the

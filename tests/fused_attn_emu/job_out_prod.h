@@ -1,4 +1,4 @@
-// out-prod-q.cu (0011, 0015, 0028): the quantized OUT_PROD's vector kernel k_out_prod_q_vec and, when the rows are
+// out-prod-q.cu: the quantized OUT_PROD's vector kernel k_out_prod_q_vec and, when the rows are
 // split into chunks, k_out_prod_q_combine. src0 a quantized V cache viewed as [d_v, n_kv, n_head_kv, n_stream], src1
 // the transposed softmax [n_tokens, n_kv, n_head, n_stream] (kq contiguous, read k-fastest), dst [d_v, n_tokens,
 // n_head, n_stream]; planned as out_prod_q_cuda plans it (restated here) on nsm SMs/CUs, whatever the column count

@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-// llama-vq (0022): K*Q with a quantized K cache for decode-sized batches. Upstream computes it as one
+// llama-vq: K*Q with a quantized K cache for decode-sized batches. Upstream computes it as one
 // vec_dot call per (K row, query column): with head-sized rows (2-8 blocks) the call, the unpacking of the
 // K row and the final horizontal sum cost more than the dot itself, and each K row is unpacked again for
 // every query head of its GQA group. Here every K row is unpacked once and dotted with all the query

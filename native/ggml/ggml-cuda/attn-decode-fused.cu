@@ -15,7 +15,7 @@
 //      per (cell, chunk)
 // f32 throughout. At the end the phases are summed in a fixed order in shared memory; one split: normalized
 // (sinks join the max and the sum) and written; several: partial (m, l, o) per split, then k_attn_decode_combine.
-// The tile's K and V rows are staged in shared memory by the whole block (0032), in units of 16/8/4/2 bytes (the
+// The tile's K and V rows are staged in shared memory by the whole block, in units of 16/8/4/2 bytes (the
 // widest that the rows' size and strides allow): with cp.async where available (NVIDIA sm_80+) into two buffers, the
 // next tile's K and V loading while this tile's three phases run; elsewhere by plain loads into one buffer, 4 units per
 // thread in flight. The phases then read only shared memory (and the mask, loaded ahead of the scores' dot products).
@@ -25,7 +25,7 @@
 #define AD_CT  32  // query columns per block
 #define AD_TPR 4   // threads per K row in the scores phase
 #define AD_BLOCK_BYTES(type) ((type) == GGML_TYPE_Q4_0 ? 18 : (type) == GGML_TYPE_Q4_1 ? 20 : 34) // q4_0, q4_1, q8_0
-// blocks per SM the register allocation keeps room for: on NVIDIA (sm_90, 0032) 5 for <= 4-column chunks (<= 102
+// blocks per SM the register allocation keeps room for: on NVIDIA (sm_90) 5 for <= 4-column chunks (<= 102
 // registers; 128 unbounded), 3 for 8 (168); on AMD none (a bound spills there: gfx90a keeps ~100 / ~170 / ~250 VGPRs)
 // tile buffers the kernel's code has: 2 where cp.async exists (NVIDIA sm_80+; the CPU emulation of the tests defines
 // AD_TWO_BUFFERS to run that code with plain loads), else 1 (the second buffer's code compiled out)
@@ -40,12 +40,12 @@
 #define AD_MIN_BLOCKS(CG) ((CG) <= 4 ? 5 : 3)
 #endif // GGML_USE_HIP
 
-// the tensor-core V*P (0040): its layout constants, the two instructions and the phase's device functions
+// the tensor-core V*P: its layout constants, the two instructions and the phase's device functions
 #include "attn-decode-vmma.cuh"
 
 // how the threads walk the staging units of a tile (rows of rb bytes in units of `unit` bytes): unit i = threadIdx.x +
 // k*AD_NT is byte o*unit of row r = i/upr, (r, o) stepped by (dr, dox); planned on the host (attn_decode_stage_geo), so
-// that the kernel divides nothing (0038: three integer divisions per call, two calls per tile before); the thread's
+// that the kernel divides nothing (three integer divisions per call, two calls per tile otherwise); the thread's
 // first row is (threadIdx.x*mg) >> 16 with mg = ceil(2^16/upr), exact for threadIdx.x < AD_NT and upr < 2^9
 struct ad_stage_geo {
     int unit, rb, upr, dr, dox, mg;
@@ -63,7 +63,7 @@ struct attn_decode_params {
 
     int dk, dv, n_kv, n_head_kv, gqa, ntok, ncols, ntiles, nsplit, cps, hadamard_n;
     int nbuf;     // K and V tile buffers: 2 (the next tile's copies in flight during this tile's phases) or 1
-    int out_rot;  // > 0: every out_rot-segment of an output row is Hadamard-rotated before it is written (0037)
+    int out_rot;  // > 0: every out_rot-segment of an output row is Hadamard-rotated before it is written
     int rbk, rbv; // bytes of a K / V row (one cell of one KV head)
     int uk, uv;   // bytes per staging unit of K / V (16, 8, 4 or 2)
     ad_stage_geo gk, gv; // the staging walks of K and V (attn_decode_stage_plan)
@@ -354,7 +354,7 @@ static __device__ __forceinline__ void ad_softmax_tile(float * s_sh, const int s
 }
 
 // every n-segment of x [len] (len a multiple of n) scaled by 1/sqrt(n) and Walsh-Hadamard transformed in place, by
-// all threads of the block, as the queries' rotation in ad_load_queries (0037: the inverse rotation of a rotated V
+// all threads of the block, as the queries' rotation in ad_load_queries (and the inverse rotation of a rotated V
 // cache, applied to the attention's output rows). Starts and ends with a barrier.
 static __device__ __forceinline__ void ad_fwht_rows(float * x, const int len, const int n) {
     __syncthreads();
@@ -498,7 +498,7 @@ static __device__ __forceinline__ void ad_scores_tile(const attn_decode_params &
     }
 }
 
-// VMMA (0040): V*P on tensor cores (ad_vp_mma, ad_v_chunk_f16); d_v 128 only, launched only where
+// VMMA: V*P on tensor cores (ad_vp_mma, ad_v_chunk_f16); d_v 128 only, launched only where
 // ampere_mma_available (attn_decode_vmma)
 template <ggml_type type_k, ggml_type type_v, int CG, typename mask_t, bool VMMA>
 static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode(const attn_decode_params p) {
@@ -555,7 +555,7 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
     const char * kbase = p.k + h*p.k_nb2 + s*p.k_nb3;
     const char * vbase = p.v + h*p.v_nb2 + s*p.v_nb3;
 
-    // launched early behind the kernel before it (programmatic dependent launch, 0043): everything above is index
+    // launched early behind the kernel before it (programmatic dependent launch): everything above is index
     // arithmetic; the caches, queries and mask are read only after that kernel has finished and its writes are seen
     ggml_cuda_pdl_sync();
 
@@ -682,7 +682,7 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
     }
 
     // the cells are done: the next kernel (the combine, or the output's consumer) may start launching; it waits for
-    // this grid's completion before it reads anything (0043)
+    // this grid's completion before it reads anything
     ggml_cuda_pdl_lc();
 
     if constexpr (VMMA) {
@@ -761,7 +761,7 @@ static __device__ __forceinline__ float ad_combine_weights(const float2 * ml, co
 
 // one block per (query column, KV head, stream): dst = sum_z exp(m_z - m) o_z / (sum_z exp(m_z - m) l_z + sink).
 // The splits' maxima and sums are read by all threads at once and reduced in groups of 32 lanes and then in a fixed
-// order (round 7's version walked them in one thread: ~7.5 us per layer at 32K on an H200, 64 splits); the partial
+// order (one thread walking them took ~7.5 us per layer at 32K on an H200, 64 splits); the partial
 // outputs are summed by AD_NT/(dv/4) groups of threads at once (each thread 4 consecutive values, 4 splits' loads
 // in flight), then the groups' sums in a fixed order: deterministic
 static __global__ void __launch_bounds__(AD_NT) k_attn_decode_combine(const float * part_o,
@@ -782,7 +782,7 @@ static __global__ void __launch_bounds__(AD_NT) k_attn_decode_combine(const floa
     float * g_sh = w_sh + 2*nsplit;
     constexpr int NG32 = AD_NT/32;
 
-    // launched early behind k_attn_decode (0043): its partials are read after it has finished
+    // launched early behind k_attn_decode: its partials are read after it has finished
     ggml_cuda_pdl_sync();
 
     const float il = ad_combine_weights(part_ml + blk0*ncols + col, ncols, sinks ? sinks + head : nullptr, nsplit, w_sh);
@@ -868,7 +868,7 @@ static int attn_decode_cg(const int ncols) {
 }
 
 // dynamic shared memory of k_attn_decode: mask offsets, queries (then sums), scores, running state, nbuf K and nbuf
-// V tiles, the int8 queries and their scales; with vmma (0040) the f16 V tile and P
+// V tiles, the int8 queries and their scales; with vmma the f16 V tile and P
 static size_t attn_decode_smem(const int ncols, const int dk, const int dv, const int rbk, const int rbv, const int nbuf,
         const bool vmma) {
     const int cg  = attn_decode_cg(ncols);
@@ -917,7 +917,7 @@ static int attn_decode_row_bytes(const ggml_type type, const int64_t d) {
 
 // launches one of the fused attention's kernels the way ggml launches its own (ggml_cuda_kernel_launch): where CUDA
 // supports it (12.3+, PTX for sm_90+), as a programmatic dependent launch, so that its blocks are scheduled while the
-// kernel before it drains, and each waits (ggml_cuda_pdl_sync) before it reads that kernel's output (0043).
+// kernel before it drains, and each waits (ggml_cuda_pdl_sync) before it reads that kernel's output.
 // GGML_CUDA_PDL=0 turns that off for every kernel.
 template <typename Kernel, typename... Args>
 static void attn_decode_kernel_launch(Kernel kernel, const dim3 grid, const size_t smem, cudaStream_t stream,
@@ -937,7 +937,7 @@ static int attn_decode_nbuf(const int ncols, const int dk, const int dv, const i
     return 2;
 }
 
-// V*P on tensor cores (0040): NVIDIA with mma.sync m16n8k16 compiled for the device (sm_80+), d_v 128, and the f16 V
+// V*P on tensor cores: NVIDIA with mma.sync m16n8k16 compiled for the device (sm_80+), d_v 128, and the f16 V
 // tile fits the shared memory (one tile buffer); LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 turns it off (read once)
 static bool attn_decode_vmma(const int ncols, const int dk, const int dv, const int rbk, const int rbv) {
 #ifdef GGML_USE_HIP
@@ -1032,7 +1032,7 @@ bool ggml_cuda_attn_decode_fused_auto(const ggml_tensor * kq, const ggml_tensor 
 #if defined(GGML_USE_HIP)
     // HIP (gfx90a): the f32 V*P form for single-token decode. Its source runs correctly at wavefront 64 in the CPU
     // emulation (tests/test_kernel_emulation_wavefronts.py), and on an NVIDIA GPU configured as HIP runs it, it
-    // decoded faster than the separate ops from 8K on (benchmarks/RESULTS.md, round 11). Never run on an AMD GPU.
+    // decoded faster than the separate ops from 8K on (benchmarks/RESULTS.md, the HIP path by proxy). Never run on an AMD GPU.
     GGML_UNUSED(k);
     GGML_UNUSED(v);
     return true;
@@ -1161,7 +1161,7 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
     p.m_nb1 = mask ? mask->nb[1] : 0; p.m_nb2 = mask ? mask->nb[2] : 0; p.m_nb3 = mask ? mask->nb[3] : 0;
     p.sinks = sinks ? (const float *) sinks->data : nullptr;
     if (out) {
-        // the permuted, contiguous output [d_v, n_head, n_tokens, n_stream] (0037), rotated if out_rot > 0
+        // the permuted, contiguous output [d_v, n_head, n_tokens, n_stream], rotated if out_rot > 0
         const int64_t n_head = q->ne[2];
         p.dst  = (float *) out->data;
         p.d_s1 = (int64_t) p.dv*n_head; p.d_s2 = p.dv; p.d_s3 = (int64_t) p.dv*n_head*p.ntok;

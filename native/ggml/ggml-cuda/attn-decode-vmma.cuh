@@ -1,9 +1,9 @@
 #pragma once
 
-// llama-vq (0040): the fused decode attention's V*P on tensor cores, a part of attn-decode-fused.cu (included there
+// llama-vq: the fused decode attention's V*P on tensor cores, a part of attn-decode-fused.cu (included there
 // after AD_NT, AD_TC and AD_BLOCK_BYTES; the CPU emulation of the tests includes it the same way).
 
-// V*P on tensor cores (0040, NVIDIA sm_80+, d_v 128): the softmax phase writes P as f16 (pt, [columns][AD_PTS]
+// V*P on tensor cores (NVIDIA sm_80+, d_v 128): the softmax phase writes P as f16 (pt, [columns][AD_PTS]
 // halves); each warp, 16 cells at a time, dequantizes its 32-value block of d_v to f16 in a buffer of its own (vw,
 // [16][AD_VWS] halves: rows of 80 bytes, so that ldmatrix's eight rows of a matrix fall in distinct banks) and runs
 // mma.sync m16n8k16 (f16 inputs, f32 accumulators; as FA's mma kernels) on V^T P with d_v as M, the cells as K and the
@@ -52,7 +52,7 @@ static __device__ __forceinline__ void ad_bytes_h2(const unsigned x, half2 & h01
     h23 = ad_h2(__byte_perm(x, 0x64646464u, 0x4342));
 }
 
-// C'. (0040) this warp's 32-value block of d_v (block w of d_v 128 for warp w) for cells kb .. kb + 15 as f16 into
+// C'. this warp's 32-value block of d_v (block w of d_v 128 for warp w) for cells kb .. kb + 15 as f16 into
 // vw [16][AD_VWS] (cells past tn: 0): lane l takes cell kb + l%16 and half l/16 of the block's bytes. The integers
 // become exact f16 (ad_bytes_h2, minus 1024 + the type's offset), then one rounding: * d (q4_0, q8_0) or * d + m
 // (q4_1), as FA's kernels dequantize to f16.
@@ -120,7 +120,7 @@ static __device__ __forceinline__ void ad_v_chunk_f16(const char * v_sh, const i
     ggml_cuda_memcpy_1<16>(vw + (lane % 16)*AD_VWS + x1, h + 4);
 }
 
-// C'. (0040) the tile's V^T P on tensor cores, after the accumulators are rescaled by the tile's factors: per step of
+// C'. the tile's V^T P on tensor cores, after the accumulators are rescaled by the tile's factors: per step of
 // 16 cells (cells past tn: V and P 0) the warp's V chunk as f16 (ad_v_chunk_f16, into its own vw), then warp w's two
 // m-tiles, d_v rows 32w .. 32w + 15 and 32w + 16 .. 32w + 31 (A from vw by ldmatrix, transposed), times the n-tiles,
 // columns 8nt .. 8nt + 7 (B from pt). acc[mt][nt] is the m16n8 D fragment: (row g, columns 2t, 2t + 1), (row g + 8,

@@ -47,8 +47,8 @@ static bool ggml_cuda_attn_fusion_rotation_ok(const ggml_tensor * fwht, const gg
     return ggml_cuda_attn_decode_fused_can_rotate(kq, (int) n);
 }
 
-// 0037: build_attn_mha's PERMUTE(kqv, 0, 2, 1, 3) -> CONT after the chain matched in nodes idxs [n] (ops [n]), and a
-// rotated V cache's inverse rotation of the result (RESHAPE -> MUL_MAT of the Hadamard matrix, 0017's CONT_FWHT form):
+// the tail: build_attn_mha's PERMUTE(kqv, 0, 2, 1, 3) -> CONT after the chain matched in nodes idxs [n] (ops [n]), and a
+// rotated V cache's inverse rotation of the result (RESHAPE -> MUL_MAT of the Hadamard matrix, rotation-fusion.cuh's CONT_FWHT form):
 // if they follow and nothing else reads their intermediates, f takes them (the fused kernels write the result)
 static void ggml_cuda_match_attn_tail(const ggml_cgraph * cgraph, const int i, const int * idxs, const ggml_op * ops,
         const int n, ggml_cuda_attn_fusion & f) {
@@ -193,7 +193,7 @@ bool ggml_cuda_match_attn_fusion(const ggml_cgraph * cgraph, const int i, ggml_c
 }
 
 // how often the fused attention ran (plain, with the query rotation; of those, with the output's permute and copy, and
-// with V's inverse rotation, 0037; of all, with V*P on tensor cores, 0040); printed at exit with
+// with V's inverse rotation; of all, with V*P on tensor cores); printed at exit with
 // LLAMA_VQ_CUDA_FUSION_STATS=1
 static std::atomic<int64_t> ggml_cuda_attn_fusion_runs[5];
 

@@ -4,19 +4,19 @@
 
 // llama-vq: the non-FA attention of a few query tokens on a quantized K/V cache as one pass (attn-decode-fused.cuh):
 //   [rotation of the queries -> views ->] MUL_MAT(K, Q) -> SOFT_MAX(mask, scale, sinks) -> TRANSPOSE -> OUT_PROD(V, .)
-// The query rotation (0017's FWHT_KQ form) is taken over: the kernel rotates the queries in shared memory. View nodes
+// The query rotation (rotation-fusion.cuh's FWHT_KQ form) is taken over: the kernel rotates the queries in shared memory. View nodes
 // of other tensors between the chain's nodes (V's permute) run nothing and are skipped. Matched before the rotation
-// fusions, which would otherwise take the K*Q. By default (0041) only where it was measured faster than the separate
-// ops and within FA's fidelity (H200): one query token per stream and V*P on tensor cores (0040);
+// fusions, which would otherwise take the K*Q. By default only where it was measured faster than the separate
+// ops and within FA's fidelity (H200): one query token per stream and V*P on tensor cores;
 // LLAMA_VQ_CUDA_FUSED_ATTN=1 fuses every supported chain (up to 8 tokens, the f32 V*P), =0 none.
 struct ggml_cuda_attn_fusion {
     int n_nodes    = 0;  // nodes[i .. i + n_nodes) are done by the fused kernels
     int kq_idx     = -1;
     int sm_idx     = -1;
     int kqv_idx    = -1; // the OUT_PROD
-    int out_idx    = -1; // the node the kernels write: the OUT_PROD, or the tail's last node (0037)
+    int out_idx    = -1; // the node the kernels write: the OUT_PROD, or the tail's last node
     int hadamard_n = 0;  // > 0: nodes[i] is the rotation of the queries
-    bool tail      = false; // PERMUTE -> CONT [-> RESHAPE -> MUL_MAT(Hadamard)] done too (0037)
+    bool tail      = false; // PERMUTE -> CONT [-> RESHAPE -> MUL_MAT(Hadamard)] done too
     int out_rot    = 0;     // the tail's rotation (0: none)
 };
 

@@ -26,7 +26,7 @@ static __device__ __forceinline__ float dequantize_x8_byte_f32(const int x, cons
     return __int_as_float(w) - 8388608.0f;
 }
 
-// the same minus 8 (q4_0's offset) in one subtraction: 2^23 + b - (2^23 + 8) is exact in f32 (0038), so the float is the
+// the same minus 8 (q4_0's offset) in one subtraction: 2^23 + b - (2^23 + 8) is exact in f32, so the float is the
 // one dequantize_x8_byte_f32(x, l) - 8.0f gives
 static __device__ __forceinline__ float dequantize_x8_byte_f32_m8(const int x, const int l) {
     const int w = __byte_perm(x, 0x4B000000, 0x7540 | l);
@@ -164,6 +164,22 @@ static void dequantize_x8_rows_cuda(
         default: GGML_ABORT("fatal error");
     }
     CUDA_CHECK(cudaGetLastError());
+}
+
+// llama-vq: the types dequantize_x8_rows_cuda takes; the short-row K*Q and the quantized OUT_PROD take exactly these
+// (their kernels and GEMM paths dequantize through this file)
+static bool dequantize_x8_type_supported(const ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_IQ4_NL:
+            return true;
+        default:
+            return false;
+    }
 }
 
 // F32 tensor with strides (in elements) s0..s3 -> T, contiguous [ne0, ne1, ne2, ne3]; dim 0 is the fastest in y

@@ -114,7 +114,7 @@ static __device__ __forceinline__ void fwht_rope_segment(const fwht_rope_params 
 }
 
 // fwht -> SET_ROWS: segment g of the contiguous F32 source x is transformed, staged in shared memory and quantized
-// into the destination row that the set_rows index picks for it (k_set_rows_quant's indexing). ROPE (0044): x is
+// into the destination row that the set_rows index picks for it (k_set_rows_quant's indexing). ROPE: x is
 // the output of a rope that runs here too: segment g's source values are read from the rope's (strided) source into
 // shared memory, each lane rotates its values with their pairs' partners (ggml_cuda_rope_fwht_set_rows_supported:
 // both in the segment), then the transform as above

@@ -17,7 +17,7 @@
 bool ggml_cuda_fwht_set_rows_supported(const ggml_tensor * fwht, const ggml_tensor * set_rows);
 void ggml_cuda_op_fwht_set_rows(ggml_backend_cuda_context & ctx, const ggml_tensor * fwht, ggml_tensor * set_rows);
 
-// rope -> reshape -> fwht -> [reshape/view] -> SET_ROWS (a quantized K's store, 0044): the kernel above, reading the
+// rope -> reshape -> fwht -> [reshape/view] -> SET_ROWS (a quantized K's store): the kernel above, reading the
 // rope's source and rotating each pair itself (GGML_ROPE_TYPE_NORMAL or NEOX; each pair inside one segment of the
 // transform), so that a quantized K is stored by one kernel, as an f16 K is (upstream's rope + set_rows fusion)
 struct fwht_rope_params {

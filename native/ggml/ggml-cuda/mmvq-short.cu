@@ -121,22 +121,8 @@ static __global__ void __launch_bounds__(MMVQ_SHORT_NTHREADS) mul_mat_vec_q_shor
     }
 }
 
-static bool mmvq_short_type_supported(const ggml_type type) {
-    switch (type) {
-        case GGML_TYPE_Q4_0:
-        case GGML_TYPE_Q4_1:
-        case GGML_TYPE_Q5_0:
-        case GGML_TYPE_Q5_1:
-        case GGML_TYPE_Q8_0:
-        case GGML_TYPE_IQ4_NL:
-            return true;
-        default:
-            return false;
-    }
-}
-
 bool ggml_cuda_should_use_mmvq_short(const ggml_tensor * src0, const ggml_tensor * src1, const ggml_tensor * dst) {
-    if (!mmvq_short_type_supported(src0->type) || src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
+    if (!dequantize_x8_type_supported(src0->type) || src1->type != GGML_TYPE_F32 || dst->type != GGML_TYPE_F32) {
         return false;
     }
     // only batched products with broadcast or several src1 channels (attention), never a 2D weight matrix

@@ -175,23 +175,13 @@ static void out_prod_q_combine_cuda(const float * tmp, float * dst, const int64_
 }
 
 bool ggml_cuda_out_prod_q_supported(const ggml_tensor * src0) {
-    switch (src0->type) {
-        case GGML_TYPE_Q4_0:
-        case GGML_TYPE_Q4_1:
-        case GGML_TYPE_Q5_0:
-        case GGML_TYPE_Q5_1:
-        case GGML_TYPE_Q8_0:
-        case GGML_TYPE_IQ4_NL:
-            return src0->nb[0] == ggml_type_size(src0->type);
-        default:
-            return false;
-    }
+    return dequantize_x8_type_supported(src0->type) && src0->nb[0] == ggml_type_size(src0->type);
 }
 
 // llama-vq: on NVIDIA the vector kernel takes up to OUT_PROD_Q_MID_COLS columns at any V length, and up to
 // OUT_PROD_Q_SHORT_COLS columns of a short V (at most OUT_PROD_Q_SHORT_KV cells). The decode of 3-4 sequences at GQA 16
 // (MiMo's full-attention layers: 48-64 columns) then keeps its CUDA graph, which the GEMM path loses (see
-// ggml_cuda_graph_check_compability); measured on an H200 (benchmarks/PATCH_HISTORY.md, old 0028). HIP keeps 32:
+// ggml_cuda_graph_check_compability); measured on an H200 (benchmarks/RESULTS.md: LLAMA_VQ_CUDA_OUT_PROD_SHORT_KV). HIP keeps 32:
 // unmeasured there, and ggml's HIP build runs without CUDA graphs.
 #if defined(GGML_USE_HIP) || defined(GGML_USE_MUSA)
 #define OUT_PROD_Q_MID_COLS   OUT_PROD_Q_MAX_COLS

@@ -45,7 +45,7 @@ bool ggml_cuda_fwht_fusion_enabled() {
     return enabled;
 }
 
-// ROPE -> RESHAPE -> (fwht -> views -> SET_ROWS): K's rope folded into its rotation + store (0044)
+// ROPE -> RESHAPE -> (fwht -> views -> SET_ROWS): K's rope folded into its rotation + store
 static bool ggml_cuda_match_rope_fwht_fusion(const ggml_cgraph * cgraph, const int i, ggml_cuda_fwht_fusion & f) {
     const ggml_tensor * node = cgraph->nodes[i];
     if (i + 3 >= cgraph->n_nodes) {

@@ -7,7 +7,7 @@
 //   FWHT_SET_ROWS: fwht -> views -> SET_ROWS into a quantized cache     (fwht-fused.cuh)
 //   CONT_FWHT:     CONT -> RESHAPE -> fwht  (the attention output)      (fwht-fused.cuh)
 //   FWHT_KQ:       fwht -> views -> MUL_MAT(quantized K, queries)       (mmvq-short.cuh, the queries rotated in place)
-//   ROPE_FWHT_SET_ROWS: ROPE -> RESHAPE -> FWHT_SET_ROWS (K's rope, rotation and store in one kernel, 0044; f16's K
+//   ROPE_FWHT_SET_ROWS: ROPE -> RESHAPE -> FWHT_SET_ROWS (K's rope, rotation and store in one kernel; f16's K
 //                  takes one kernel too, upstream's ROPE + VIEW + SET_ROWS; fwht-fused.cuh)
 // The graph places the rotations next to these consumers (llama-graph.cpp, build_attn). On unless
 // LLAMA_VQ_CUDA_FUSE_ROTATION=0.

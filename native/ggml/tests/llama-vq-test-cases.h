@@ -219,7 +219,7 @@ struct test_hadamard_set_rows : public test_case {
     }
 };
 
-// ROPE -> rotation -> view -> SET_ROWS, as a quantized K's store (llama-vq 0044: ggml-cuda runs it as one kernel). The
+// ROPE -> rotation -> view -> SET_ROWS, as a quantized K's store (ggml-cuda runs it as one kernel). The
 // rope's source is a view into a wider row (a fused QKV projection's output) when strided; n_offs: ggml_rope_set_offset
 struct test_rope_hadamard_set_rows : public test_case {
     const ggml_type type;
@@ -498,9 +498,9 @@ struct test_attn_v_quant : public test_case {
     }
 };
 
-// llama-vq: the non-FA attention of a few query tokens on a quantized K/V cache, as build_attn_mha builds it (0013):
+// llama-vq: the non-FA attention of a few query tokens on a quantized K/V cache, as build_attn_mha builds it:
 // MUL_MAT(k, q) -> SOFT_MAX(mask, scale[, sinks]) -> OUT_PROD(v, TRANSPOSE(kq)), k and v permuted views of the caches;
-// n_rot > 0: the queries are rotated first (a rotated K cache, 0016). A backend may run the chain as one pass
+// n_rot > 0: the queries are rotated first (a rotated K cache). A backend may run the chain as one pass
 // (ggml-cuda: attn-decode-fused.cuh); the CPU runs the separate ops.
 struct test_attn_decode_fused : public test_case {
     const ggml_type type_k;
@@ -516,7 +516,7 @@ struct test_attn_decode_fused : public test_case {
     const int64_t n_stream;
     const ggml_type type_mask;
     const int64_t out_tail;   // -1: ends at the OUT_PROD; 0: + build_attn_mha's permute and copy; n > 0: + V's inverse
-                              // rotation of n (0037: the fused kernels write that tail's result)
+                              // rotation of n (the fused kernels write that tail's result)
 
     std::string vars() override {
         if (out_tail >= 0) {
@@ -665,8 +665,8 @@ struct test_attn_decode_fused : public test_case {
 };
 
 // llama-vq: the attention without flash attention of a prompt batch whose scores exceed the scratch budget
-// (llama-vq-attn.h, 0017): per stream and chunk of `chunk` query tokens, K*Q (the heads of a KV head side by side)
-// -> softmax -> V*P, the chunks' outputs set into one [d_v, n_head, n_tokens, n_stream] tensor. A quantized V is
+// (llama-vq-attn.h, patch 0017-llama-attn-split-scratch-budget): per stream and chunk of `chunk` query tokens,
+// K*Q (the heads of a KV head side by side) -> softmax -> V*P, the chunks' outputs set into one [d_v, n_head, n_tokens, n_stream] tensor. A quantized V is
 // read row-major by OUT_PROD; an f16 V (flash attention's layout, prefill mode) is transposed once per stream.
 struct test_attn_split : public test_attn_decode_fused {
     const int64_t chunk;
@@ -807,7 +807,7 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
     test_cases.emplace_back(new test_hadamard_set_rows(GGML_TYPE_Q4_0, GGML_TYPE_I64, 256, 256, 2, 2, 1));
     test_cases.emplace_back(new test_hadamard_set_rows(GGML_TYPE_Q4_0, GGML_TYPE_I64, 512, 512, 1, 2, 1));
     test_cases.emplace_back(new test_hadamard_set_rows(GGML_TYPE_Q4_0, GGML_TYPE_I64, 128, 128, 8, 3, 2)); // 2 streams
-    // K's rope + rotation + store (0044): 8B / SmolLM2-like NEOX and NORMAL heads, MiMo's K (192, rotation 64, rope
+    // K's rope + rotation + store: 8B / SmolLM2-like NEOX and NORMAL heads, MiMo's K (192, rotation 64, rope
     // on its first 64), a rope window at an offset, frequency factors, YaRN, a fused projection's strided rows
     for (ggml_type type : {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0}) {
         for (int mode : {GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX}) {
@@ -882,7 +882,7 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
                 test_cases.emplace_back(new test_attn_decode_fused(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, n_kv, n_tokens, false, 0, 1, GGML_TYPE_F16));
             }
         }
-        // the queries rotated first (a rotated K cache, 0017's FWHT_KQ form, taken over by the fused kernel)
+        // the queries rotated first (a rotated K cache, the FWHT_KQ form, taken over by the fused kernel)
         for (int64_t n_kv : {256, 4096}) {
             for (int64_t n_tokens : {1, 4}) {
                 for (bool sinks : {false, true}) {
@@ -892,7 +892,7 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
             }
         }
         test_cases.emplace_back(new test_attn_decode_fused(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 300, 2, true, 64, 2));
-        // with build_attn_mha's permute and copy, and V's inverse rotation (0037): one split and several, 2 streams
+        // with build_attn_mha's permute and copy, and V's inverse rotation: one split and several, 2 streams
         for (int64_t n_kv : {127, 4096}) {
             for (int64_t out_tail : {0, 64, 128}) {
                 test_cases.emplace_back(new test_attn_decode_fused(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, n_kv, 1, false, 128, 1, GGML_TYPE_F32, out_tail));

@@ -1,9 +1,9 @@
 """The probe matrix of issue 35: what llama-vq-server and llama-server (built from the same tree, same flags) answer
 to a careless or hostile client. One server per run; `report` prints the two runs side by side.
 
-    python benchmarks/server_probe.py run --server ours > ours.json
-    python benchmarks/server_probe.py run --server /path/to/llama-server > llama-server.json
-    python benchmarks/server_probe.py report ours.json llama-server.json
+    python benchmarks/investigations/server_probe.py run --server ours > ours.json
+    python benchmarks/investigations/server_probe.py run --server /path/to/llama-server > llama-server.json
+    python benchmarks/investigations/server_probe.py report ours.json llama-server.json
 
 Flags of both: SmolLM2 (the embedded model), -c 2048 -np 4 -ctk q8_0 -ctv q4_0 -fa off -t 1, --slots, --metrics,
 --ignore-eos (every generation runs to its max_tokens), an API key, --slot-save-path. The SIGTERM probe runs last
@@ -17,7 +17,6 @@ import concurrent.futures as cf
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,9 @@ import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from serve_process import free_port  # noqa: E402
 
 KEY = "probe-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -45,12 +47,6 @@ CLIENT_ERRORS = {  # class -> [(path, raw body)]
     "unknown slot id": [("/slots/999?action=save", b'{"filename": "x.bin"}')],
     "token out of range": [("/detokenize", b'{"tokens": [999999999]}')],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _p(values: list[float], q: float) -> float:

@@ -2,7 +2,7 @@
 # gfx90a resources of every instance of our HIP kernels: VGPRs, AGPRs, SGPRs, LDS, scratch, spills and waves per SIMD,
 # from clang's kernel-resource-usage remarks (what ggml's GGML_HIP_EXPORT_METRICS build prints), device code only.
 #
-#   benchmarks/hip_resources.sh [FILE.cu ...]   default: mmvq-short.cu out-prod-q.cu fwht-fused.cu attn-decode-fused.cu
+#   benchmarks/investigations/hip_resources.sh [FILE.cu ...]   default: mmvq-short.cu out-prod-q.cu fwht-fused.cu attn-decode-fused.cu
 #
 # Exports pristine + series (tools/patches.py export) into build/hip-resources, then compiles each file for gfx90a in
 # the HIP toolchain's chroot (scripts/hip-toolchain.sh: root, provisioned) with the flags of a Release ggml-hip build
@@ -10,7 +10,7 @@
 # LDS bytes | scratch bytes/lane | VGPR spill | waves/SIMD.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=$here/build/hip-resources
 py=${PYTHON:-python3}
 files=("$@")

@@ -11,12 +11,12 @@
 # the MiMo attention shape at 0/64K; ratios to the same config's f16/f16. What a proxy cannot show: wave64 occupancy,
 # LDS bank conflicts, rocBLAS instead of cuBLAS, MI210's bandwidth and clocks.
 # Here:   python3 benchmarks/carry.py .stage/carry --tokenizer-from <SmolLM2 GGUF>
-# There:  CARRY=.stage/carry OUT=<results> [BIN=<folder with llama-bench>] bash benchmarks/hip_proxy.sh
+# There:  CARRY=.stage/carry OUT=<results> [BIN=<folder with llama-bench>] bash benchmarks/investigations/hip_proxy.sh
 # Env: CONFIGS (default "nvidia hip hip-fused"), REPS (2), DEADLINE (s from the start; later runs are skipped, 540),
 # MODELS ("llama8b mimo"), JSONL (the records, default /tmp/hip_proxy.jsonl: a later call on the same machine skips
 # what it holds and adds the rest; copied into OUT).
 set -u
-. "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/../device_common.sh"
 device_log hip-proxy "$OUT/hip_proxy.txt"
 gen llama8b llama --preset llama-3.1-8b
 gen mimo mimo --preset attn

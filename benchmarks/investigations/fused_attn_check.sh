@@ -23,7 +23,7 @@
 #      layers, sinks), tg128 at 0/32K/64K, one repetition: f16/f16, the production types q8_0 K / q4_1 V fused and
 #      separate, q4_0/q4_0 fused; ratios to f16/f16
 # Here:   python3 benchmarks/carry.py .bench-carry --tokenizer-from <SmolLM2 GGUF>
-# There:  OUT=<results folder> bash benchmarks/fused_attn_check.sh
+# There:  OUT=<results folder> bash benchmarks/investigations/fused_attn_check.sh
 # Env: DEADLINE (seconds from the start after which no benchmark starts; default 540), REPS (default 2), FAST=1 (skip
 # steps 2c and 3: the separate ops' tests and timings), KL_CHUNKS (512-token chunks of step 5, default 4; 0 skips
 # it; FA_ON=1 (or FA_CPU=1) adds FA-on rows, f16 first (decision 8's FA on/off floor): with CUDA_FA=on the tools are
@@ -35,7 +35,7 @@
 # and BENCH=0 (step 4: BENCH=0 skips it), MIMO=1 (step 7; its model is generated in the background from the
 # start, also with MIMO_GEN=1 alone, so that a later call on the same machine finds it).
 set -u
-. "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/../device_common.sh"
 t0=$(date +%s)
 txt=$OUT/fused-attn.txt
 log() { echo "[fattn $(( $(date +%s) - t0 ))s] $*" | tee -a "$txt"; }
