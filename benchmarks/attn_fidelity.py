@@ -28,9 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probes", type=int, default=24)
     a = ap.parse_args(argv)
 
-    import llama_vq  # first: binds llama_cpp to llama-vq's libraries
-
-    import llama_cpp  # noqa: I001
+    import llama_vq  # noqa: I001  (first: it binds llama_cpp to llama-vq's libraries)
+    import llama_cpp
     import numpy as np
     from v_cache_support import compare, eval_logits, long_text, make
 
