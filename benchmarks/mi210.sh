@@ -21,9 +21,13 @@
 #      f16 floor, decode and prefill at depth 0 and 64K, each GPU's KV and compute buffers, llama-vq-server on the
 #      split (chat, stream, --state-dir across a restart, -sm row refused); its tables into the report, everything in
 #      OUT/two-gpu. TWO_GPUS (0,1): the two GPUs' indices; TWO_GPU_ARGS: more two_gpu.py arguments
+#   6. attention modes, side by side in one binary: for the 8B shape (0/8K/32K) and MiMo's (0/64K),
+#      q4_0/q4_0 and q8_0/q4_1, prefill (pp512) and decode (tg64) with flash attention off (llama-vq's split
+#      non-FA attention), on, in prefill mode (FA for prompts, llama-vq's for decode) and unbounded (the non-FA
+#      attention without a scratch budget); prints which -fa to choose on this GPU (benchmarks/attn_modes.py)
 # Env: GPU_TARGETS (gfx90a), HIP_VISIBLE_DEVICES (0: one GPU), REPS (llama-bench repetitions, 2), TG (decode tokens,
 #   64), DEPTHS_8B (0,8192,32768), DEPTHS_MIMO (0,65536), PAIRS_8B ("f16,f16 q4_0,q4_0 q8_0,q8_0": K,V pairs, f16
-#   first), PAIRS_MIMO ("f16,f16 q4_0,q4_0 q8_0,q4_1"), KL_MODEL, KL_CHUNKS (8), STEPS ("2 3 4"), DEADLINE (s after
+#   first), PAIRS_MIMO ("f16,f16 q4_0,q4_0 q8_0,q4_1"), KL_MODEL, KL_CHUNKS (8), STEPS ("2 3 4 6"), DEADLINE (s after
 #   the start after which no further benchmark starts; default none).
 # Tried on an NVIDIA GPU with the HIP path's settings (issue 26 item 6), so that the first MI210 run does not fail on a
 # typo: PROXY=cuda BIN=<folder with llama-bench, test-backend-ops, llama-perplexity> bash benchmarks/mi210.sh OUT
@@ -39,7 +43,7 @@ t0=$(date +%s)
 report=$OUT/mi210.txt
 log() { echo "[mi210 $(( $(date +%s) - t0 ))s] $*" | tee -a "$report"; }
 late() { [ -n "${DEADLINE:-}" ] && [ $(( $(date +%s) - t0 )) -gt "$DEADLINE" ]; }
-steps=" ${STEPS:-2 3 4} "
+steps=" ${STEPS:-2 3 4 6} "
 fail=0
 py=${PY:-.venv/bin/python}
 
@@ -94,8 +98,8 @@ gen() {
     ( nice -n 5 "$py" tools/synth_models.py "$@" "$models/tmp-$name.gguf" --tokenizer-from "$vocab" \
         > "$OUT/gen-$name.log" 2>&1 && mv "$models/tmp-$name.gguf" "$models/synth-$name.gguf" ) &
 }
-[[ $steps == *" 3 "* ]] && gen llama8b llama --preset llama-3.1-8b
-[[ $steps == *" 3 "* || $steps == *" 5 "* ]] && gen mimo mimo --preset attn
+[[ $steps == *" 3 "* || $steps == *" 6 "* ]] && gen llama8b llama --preset llama-3.1-8b
+[[ $steps == *" 3 "* || $steps == *" 5 "* || $steps == *" 6 "* ]] && gen mimo mimo --preset attn
 # generated NAME: whether gen's model NAME is complete (waits for it; logs and returns 1 if its generation failed)
 generated() {
     while [ ! -f "$models/synth-$1.gguf" ]; do
@@ -229,6 +233,21 @@ if [[ $steps == *" 5 "* ]]; then
         tail -1 "$OUT/two-gpu.log" | tee -a "$report"
     else
         fail=1
+    fi
+fi
+if [[ $steps == *" 6 "* ]]; then
+    log "6. attention modes: flash attention's prefill against llama-vq's split non-FA prefill, decode both ways"
+    if [ "$fa_on" != 1 ]; then
+        log "step 6 needs flash attention's kernels (FA_ON=1): skipped"; fail=1
+    else
+        for m in "llama8b q4_0 q4_0 0,8192,32768" "mimo q8_0 q4_1 0,65536"; do
+            set -- $m
+            generated "$1" || { fail=1; continue; }
+            "$py" benchmarks/attn_modes.py --bin "$bin" --model "$models/synth-$1.gguf" --label "mi210-$1" \
+                --ctk "$2" --ctv "$3" --depths "$4" --reps 1 --out "$OUT" > "$OUT/attn-modes-$1.out" 2>&1 || fail=1
+            if [ -f "$OUT/attn-modes-mi210-$1.md" ]; then cat "$OUT/attn-modes-mi210-$1.md" >> "$report"
+            else log "attn_modes.py wrote no table for $1: $(tail -3 "$OUT/attn-modes-$1.out" | tr '\n' ' ')"; fail=1; fi
+        done
     fi
 fi
 [ "$fail" = 0 ] && log "done: $OUT" || log "done with failures: $OUT"
