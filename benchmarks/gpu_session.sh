@@ -14,6 +14,9 @@
 #                      fidelity of the modes on the GPU (SmolLM2, MiMo-tiny)
 #   PHASE=attn2  ...   the attention modes on the MiMo shape at 0/64K and its compute buffers at 128K (ub 512,
 #                      2048); the same with the HIP path's settings (PROXY, as benchmarks/mi210.sh PROXY=cuda)
+#   PHASE=ops    ...   every op of ours against the CPU (mi210.sh step 2, NVIDIA default and HIP settings), ATTN_SPLIT
+#   PHASE=attn3  ...   the split non-FA attention after its fixes: off against unbounded (MiMo 0/64K),
+#                      compute buffers at 128K, the cost per chunk (8B at 8K)
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
 #                      MoE with its experts in CPU memory, -t = every core, llama-vq-server against llama-server)
 #   PHASE=split  ...   two GPUs: MiMo's layer split against one GPU (benchmarks/two_gpu.py; both GPUs visible)
@@ -24,7 +27,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, ops, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -112,6 +115,34 @@ for l in sys.stdin: r=json.loads(l); print('scratch $mib MiB: pp512 @ d8192', ro
         --env LLAMA_VQ_CUDA_FUSED_ATTN=1 --env LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 --env LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
         --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
     ;;
+ops)
+    # every op of ours on CUDA0 against the CPU (benchmarks/mi210.sh step 2), the NVIDIA default and the HIP
+    # path's settings, with proof that each fused kernel ran
+    built || { log "not built"; exit 1; }
+    for hip in 0 1; do
+        PROXY=cuda HIP_PATH=$hip BIN=$bin STEPS=2 VOCAB=$C/vocab.gguf bash "$here/benchmarks/mi210.sh" "$OUT/ops-hip$hip" \
+            2>&1 | grep -E "^\[|tests passed|FAIL|ran|never" | tee -a "$OUT/$PHASE.txt"
+    done
+    timeout 240 "$bin/test-backend-ops" test -b CUDA0 -o ATTN_SPLIT > "$OUT/tbo-ATTN_SPLIT.log" 2>&1
+    log "ATTN_SPLIT: $(grep -E 'tests passed|FAIL' "$OUT/tbo-ATTN_SPLIT.log" | sort | uniq -c | head -3 | tr '\n' ' ')"
+    ;;
+attn3)
+    # the split non-FA attention again after its fixes (one copy of the mask per layer, room in the scheduler's
+    # graph): off (split) against unbounded on the MiMo shape at 0/64K, the compute
+    # buffers at 128K, and the split's cost per chunk on the 8B shape
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-split \
+        --ctk q8_0 --ctv q4_1 --depths 0,65536 --modes off,unbounded,prefill --reps 1 --buffers 131072 \
+        --buffer-modes off,prefill,on --out "$OUT" 2>&1 | tee -a "$OUT/$PHASE.txt"
+    wait_model llama8b
+    log "the split's cost: 8B shape at 8K, pp512 without flash attention, budgets 512 (unsplit), 256, 128, 64 MiB"
+    for mib in 512 256 128 64; do
+        LLAMA_VQ_ATTN_SCRATCH_MIB=$mib "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa off -ctk q4_0 -ctv q4_0 \
+            -d 8192 -p 512 -n 0 -r 1 -o jsonl 2>/dev/null | python3 -c "import json,sys
+for l in sys.stdin: r=json.loads(l); print('scratch $mib MiB: pp512 @ d8192', round(r['avg_ts'], 1))" | tee -a "$OUT/$PHASE.txt"
+    done
+    ;;
 serve)
     built || { log "not built"; exit 1; }
     wait_model cpu-moe
@@ -128,6 +159,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, ops, serve, split)" >&2; exit 2 ;;
 esac
 log "done"
