@@ -7,9 +7,11 @@ CPU cost: five servers of the embedded model, a few 2-8 token generations; ~30 s
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
-from server_support import running
+from server_support import ServerProcess, running
 
 pytestmark = pytest.mark.slow
 
@@ -49,3 +51,35 @@ def test_a_listed_origin_is_echoed_and_another_is_not(smollm2_path, tmp_path):
             )
         r = httpx.options(s.url + "/v1/chat/completions", headers={**PREFLIGHT, "Origin": "http://c.test"})
         assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+# ---- /metrics while asleep ----------------------------------------------------------------------------------
+
+
+def _sleeping(s: ServerProcess) -> bool:
+    return httpx.get(s.url + "/props").json()["is_sleeping"]
+
+
+def test_metrics_while_asleep_are_the_last_scrape_taken_awake(smollm2_path, tmp_path):
+    with running(smollm2_path, "--metrics", "--sleep-idle-seconds", "1", log_dir=tmp_path) as s:
+        r = httpx.post(s.url + "/completion", json={"prompt": "Hello", "n_predict": 4}, timeout=120)
+        assert r.status_code == 200
+        # llama-server's first scrape after a generation resets its throughput window; the second reports what its
+        # snapshot on entering sleep holds
+        httpx.get(s.url + "/metrics")
+        awake = httpx.get(s.url + "/metrics").text
+        assert "llamavq_http_requests_total" in awake and "llamacpp:tokens_predicted_total" in awake
+        end = time.monotonic() + 30
+        while not _sleeping(s):
+            assert time.monotonic() < end, "the server did not go to sleep"
+            time.sleep(0.1)
+        for _ in range(5):  # requests while asleep: counted, but the scrape is the snapshot
+            assert httpx.get(s.url + "/health").status_code == 200
+        assert httpx.get(s.url + "/metrics").text == awake
+        assert httpx.get(s.url + "/metrics").text == awake
+        assert _sleeping(s), "a scrape woke the server"
+        # awake again: a live scrape, with the requests made meanwhile
+        assert httpx.post(s.url + "/tokenize", json={"content": "Hello"}).status_code == 200
+        assert not _sleeping(s)
+        live = httpx.get(s.url + "/metrics").text
+        assert live != awake and 'route="/health",status="200"' in live

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__, protocol
 from .bridge import Bridge
 from .engine import Engine, Route
-from .metrics import Metrics
+from .metrics import Metrics, SleepSnapshot
 from .middleware import HeaderCaseMiddleware, HeadMiddleware, Readiness, ReadinessMiddleware
 from .responses import JSON_TYPE, error_body
 from .security import OPEN_PATHS, ApiKeyMiddleware, BodyLimitMiddleware, add_cors
@@ -64,7 +64,9 @@ def create_app(settings: Settings, engine: Engine, metrics: Metrics, workers: Wo
     """The app for one engine; `readiness` is set by the caller once the model is loaded and slots restored."""
     app = FastAPI(title=TITLE, version=__version__, description=DESCRIPTION)
     metrics.engine_ready.set_function(lambda: 1.0 if readiness.ready() else 0.0)
-    bridge = Bridge(engine, workers, metrics, settings.sse_keepalive, settings.api_prefix, {"/metrics": metrics.render})
+    snapshot = SleepSnapshot(metrics, lambda: engine.state().get("state") == "sleeping")
+    appendix = {"/metrics": snapshot.render}
+    bridge = Bridge(engine, workers, metrics, settings.sse_keepalive, settings.api_prefix, appendix)
     app.state.bridge = bridge
 
     def endpoint_for(route: Route):  # noqa: ANN202
