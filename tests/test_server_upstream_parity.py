@@ -7,6 +7,10 @@ CPU cost: five servers of the embedded model, a few 2-8 token generations; ~30 s
 
 from __future__ import annotations
 
+import json
+import socket
+import sys
+import threading
 import time
 
 import httpx
@@ -83,3 +87,59 @@ def test_metrics_while_asleep_are_the_last_scrape_taken_awake(smollm2_path, tmp_
         assert not _sleeping(s)
         live = httpx.get(s.url + "/metrics").text
         assert live != awake and 'route="/health",status="200"' in live
+
+
+# ---- a slow MCP tool call and SIGTERM -------------------------------------------------------------------------
+
+SLOW_MCP = """
+import json, sys, time
+for line in sys.stdin:
+    req = json.loads(line)
+    if "id" not in req:
+        continue
+    m, rid = req.get("method"), req["id"]
+    if m == "initialize":
+        res = {"protocolVersion": "2024-11-05", "capabilities": {"tools": {}}, "serverInfo": {"name": "slow"}}
+    elif m.endswith("list"):  # the tool listing
+        schema = {"type": "object", "properties": {"seconds": {"type": "number"}}}
+        res = {"tools": [{"name": "sleep", "description": "sleep", "inputSchema": schema}]}
+    else:
+        time.sleep(req["params"]["arguments"]["seconds"])
+        res = {"content": [{"type": "text", "text": "slept"}]}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": rid, "result": res}) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def test_sigterm_does_not_wait_for_a_slow_mcp_tool_call(smollm2_path, tmp_path):
+    script = tmp_path / "slow_mcp.py"
+    script.write_text(SLOW_MCP)
+    mcp = json.dumps({"mcpServers": {"slow": {"command": sys.executable, "args": [str(script)], "timeout_ms": 60000}}})
+    # a drain long enough that waiting for the tool call would show
+    flags = ("--mcp-servers-json", mcp, "--drain-timeout", "20", "--metrics")
+    s = ServerProcess(smollm2_path, *flags, log_dir=tmp_path)
+    try:
+        s.wait_ready()
+        tools = httpx.get(s.url + "/tools").json()
+        assert any("slow_sleep" in json.dumps(t) for t in tools), tools
+        answer: list[httpx.Response] = []
+        call = threading.Thread(
+            target=lambda: answer.append(
+                httpx.post(s.url + "/tools", json={"tool": "slow_sleep", "params": {"seconds": 30}}, timeout=60)
+            )
+        )
+        call.start()
+        s.wait_metric("llamavq_http_requests_in_flight", lambda v: v >= 1)  # the tool call is under way
+        t0 = time.monotonic()
+        rc = s.terminate()
+        took = time.monotonic() - t0
+        call.join(10)
+        assert rc == 0 and took < 3.0, f"stopped in {took:.1f} s (rc {rc}):\n{s.log()}"
+        assert answer and "error" in answer[0].text, answer  # the tool call ended with an error, not a result
+        # the MCP server's process did not inherit the listening socket: the port is free for the next server
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as again:
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind(("127.0.0.1", s.port))
+            again.listen(1)
+    finally:
+        s.stop()
