@@ -12,14 +12,59 @@ import socket
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from server_support import ServerProcess, running
+from server_support import ServerProcess, free_port, running
 
 pytestmark = pytest.mark.slow
 
 CHAT = [{"role": "user", "content": "Say hello"}]
+
+
+# ---- Vertex AI prediction (AIP_MODE=PREDICTION) -------------------------------------------------------------
+
+
+def test_predict_route_answers_each_instance_in_order_on_the_aip_port(smollm2_path, tmp_path):
+    port = free_port()
+    env = {"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "isalive"}
+    s = ServerProcess(smollm2_path, "-np", "2", log_dir=tmp_path, env=env)
+    s.url = f"http://127.0.0.1:{port}"  # AIP_HTTP_PORT wins over --port, as with llama-server
+    try:
+        s.wait_ready()
+        assert httpx.get(s.url + "/isalive").json() == {"status": "ok"}
+        instances = [
+            {"@requestFormat": "chatCompletions", "max_tokens": 4, "messages": CHAT, "stream": True},
+            {"@requestFormat": "tokenize", "content": "Hello"},
+            {"@requestFormat": "/apply-template", "messages": CHAT},
+            {"@requestFormat": "noSuchRoute"},
+            {"max_tokens": 4},
+            "not an object",
+        ]
+        r = httpx.post(s.url + "/predict", json={"instances": instances}, timeout=120)
+        assert r.status_code == 200, r.text
+        chat, tok, tmpl, unknown, no_format, not_object = r.json()["predictions"]
+        # the stream flag is ignored: a whole chat completion
+        assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant"
+        direct = httpx.post(s.url + "/tokenize", json={"content": "Hello"}).json()
+        assert tok == direct and len(tok["tokens"]) > 0
+        assert "Say hello" in tmpl["prompt"]
+        assert unknown["error"]["message"] == "no handler registered for @requestFormat: noSuchRoute"
+        assert no_format["error"]["message"] == "each instance must include a string @requestFormat"
+        assert not_object["error"]["message"] == "each instance must be a JSON object"
+        bad = httpx.post(s.url + "/predict", json={"instances": "x"})
+        assert bad.status_code == 400 and "array field named instances" in bad.json()["error"]["message"]
+        too_many = httpx.post(s.url + "/predict", json={"instances": [{}] * 129})
+        assert too_many.status_code == 400 and "maximum size of 128" in too_many.json()["error"]["message"]
+    finally:
+        s.stop()
+
+
+def test_without_aip_mode_there_is_no_predict_route(smollm2_path, tmp_path):
+    with running(smollm2_path, log_dir=tmp_path) as s:
+        r = httpx.post(s.url + "/predict", json={"instances": []})
+        assert r.status_code == 404, r.text
 
 
 # ---- CORS: an origin that is not allowed ---------------------------------------------------------------------
@@ -87,6 +132,78 @@ def test_metrics_while_asleep_are_the_last_scrape_taken_awake(smollm2_path, tmp_
         assert not _sleeping(s)
         live = httpx.get(s.url + "/metrics").text
         assert live != awake and 'route="/health",status="200"' in live
+
+
+# ---- /cors-proxy (--ui-mcp-proxy) -----------------------------------------------------------------------------
+
+
+class _Target(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.server.seen = dict(self.headers)  # type: ignore[attr-defined]
+        body = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Access-Control-Allow-Origin", "http://target.test")  # dropped by the proxy
+        self.send_header("X-Target", "yes")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # noqa: N802
+        n = int(self.headers.get("Content-Length") or 0)
+        self.server.posted = self.rfile.read(n)  # type: ignore[attr-defined]
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):  # noqa: ANN002
+        pass
+
+
+@pytest.fixture()
+def target():
+    t = ThreadingHTTPServer(("127.0.0.1", 0), _Target)
+    thread = threading.Thread(target=t.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield t
+    finally:
+        t.shutdown()
+        t.server_close()
+
+
+def test_cors_proxy_forwards_only_the_proxy_headers(smollm2_path, tmp_path, target):
+    key = "sk-proxy"
+    with running(smollm2_path, "--ui-mcp-proxy", "--api-key", key, log_dir=tmp_path, api_key=key) as s:
+        url = f"http://127.0.0.1:{target.server_port}/mcp?x=1"
+        assert httpx.get(s.url + "/cors-proxy", params={"url": url}).status_code == 401  # behind the key
+        r = httpx.get(
+            s.url + "/cors-proxy",
+            params={"url": url},
+            headers={
+                "Authorization": f"Bearer {key}",
+                "Cookie": "session=secret",
+                "X-Llama-Server-Proxy-Header-Authorization": "Bearer for-the-target",
+                "x-llama-server-proxy-header-accept": "application/json",
+            },
+        )
+        assert r.status_code == 200, r.text
+        assert r.json() == {"path": "/mcp?x=1"} and r.headers["x-target"] == "yes"
+        assert r.headers.get("access-control-allow-origin") != "http://target.test"
+        seen = {k.lower(): v for k, v in target.seen.items()}
+        assert seen["authorization"] == "Bearer for-the-target" and seen["accept"] == "application/json"
+        assert "cookie" not in seen
+        posted = httpx.post(
+            s.url + "/cors-proxy", params={"url": url}, content=b'{"a": 1}', headers={"Authorization": f"Bearer {key}"}
+        )
+        assert posted.status_code == 204 and posted.content == b"" and target.posted == b'{"a": 1}'
+        bad = httpx.get(s.url + "/cors-proxy", params={"url": "ftp://x/"}, headers={"Authorization": f"Bearer {key}"})
+        assert bad.status_code == 500 and "unsupported URL scheme" in bad.json()["error"]["message"]
+
+
+def test_cors_proxy_is_a_403_without_the_flag(smollm2_path, tmp_path):
+    with running(smollm2_path, log_dir=tmp_path) as s:
+        r = httpx.get(s.url + "/cors-proxy", params={"url": "http://127.0.0.1:1/"})
+        assert r.status_code == 403 and r.json()["error"]["type"] == "feature_disabled"
 
 
 # ---- a slow MCP tool call and SIGTERM -------------------------------------------------------------------------

@@ -181,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, OptionError) as e:
         print(f"llama-vq-server: {e}", file=sys.stderr)
         return 1
+    if settings.gcp.enabled:
+        log.info(
+            "Vertex AI prediction mode (AIP_MODE=PREDICTION): port %d (AIP_HTTP_PORT), POST %s",
+            settings.port,
+            settings.gcp.path_predict,
+        )
     for host in settings.hosts:
         if not _is_loopback(host) and not settings.api_keys:
             log.warning("listening on %s without --api-key: anyone who can reach it can use the model", host)
