@@ -176,6 +176,8 @@ def test_cors_proxy_forwards_only_the_proxy_headers(smollm2_path, tmp_path, targ
     with running(smollm2_path, "--ui-mcp-proxy", "--api-key", key, log_dir=tmp_path, api_key=key) as s:
         url = f"http://127.0.0.1:{target.server_port}/mcp?x=1"
         assert httpx.get(s.url + "/cors-proxy", params={"url": url}).status_code == 401  # behind the key
+        # the web UI's root is public in llama-server; no UI here, so a 404 rather than a 401
+        assert httpx.get(s.url + "/").status_code == 404
         r = httpx.get(
             s.url + "/cors-proxy",
             params={"url": url},

@@ -2,8 +2,8 @@
 the request size limit.
 
 - Keys: `Authorization: Bearer KEY` or `X-Api-Key: KEY` (Anthropic's header), any of several keys; of a header
-  sent twice the first counts, as cpp-httplib reads it; /health, /v1/health and OPTIONS are open; a wrong or
-  missing key is a 401 with llama-server's body.
+  sent twice the first counts, as cpp-httplib reads it; /health, /v1/health, OPTIONS and the web UI's root (a
+  404 here) are open; a wrong or missing key is a 401 with llama-server's body.
 - CORS: llama-server's --cors-origins/--cors-methods/--cors-headers/--cors-credentials, answered as llama-server
   answers them (CorsMiddleware): "*" (with credentials the request's Origin is echoed), "localhost" (only
   http(s)://localhost / 127.0.0.1 / [::1] origins, any port), one fixed origin, or a comma-separated list; every
@@ -25,6 +25,8 @@ from .responses import error_body, first_header, send_json
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health", "/v1/health"})
+# llama-server's web UI assets are public too; of them only its root, "/", exists here (a 404: no UI is served)
+OPEN_UI_PATHS = frozenset({"/"})
 LOCALHOST_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
@@ -32,7 +34,7 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, keys: Iterable[str], prefix: str = "") -> None:
         self.app = app
         self.keys = [k.encode() for k in keys]
-        self.open = frozenset(prefix + p for p in OPEN_PATHS)
+        self.open = frozenset(prefix + p for p in OPEN_PATHS | OPEN_UI_PATHS)
 
     def allowed(self, authorization: bytes | None, x_api_key: bytes | None) -> bool:
         token = authorization or x_api_key or b""
