@@ -29,7 +29,7 @@ CHAT = [{"role": "user", "content": "Say hello"}]
 def test_predict_route_answers_each_instance_in_order_on_the_aip_port(smollm2_path, tmp_path):
     port = free_port()
     env = {"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "isalive"}
-    s = ServerProcess(smollm2_path, "-np", "2", log_dir=tmp_path, env=env)
+    s = ServerProcess(smollm2_path, "-np", "2", "-c", "4096", "--slots", log_dir=tmp_path, env=env)
     s.url = f"http://127.0.0.1:{port}"  # AIP_HTTP_PORT wins over --port, as with llama-server
     try:
         s.wait_ready()
@@ -57,6 +57,14 @@ def test_predict_route_answers_each_instance_in_order_on_the_aip_port(smollm2_pa
         assert bad.status_code == 400 and "array field named instances" in bad.json()["error"]["message"]
         too_many = httpx.post(s.url + "/predict", json={"instances": [{}] * 129})
         assert too_many.status_code == 400 and "maximum size of 128" in too_many.json()["error"]["message"]
+        # a client that leaves cancels its instances' generations (2000 tokens each: tens of seconds here)
+        long = {"@requestFormat": "completion", "prompt": "Once", "n_predict": 2000, "ignore_eos": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(s.url + "/predict", json={"instances": [long, long]}, timeout=httpx.Timeout(60, read=1.5))
+        left = time.monotonic()
+        while any(slot["is_processing"] for slot in httpx.get(s.url + "/slots").json()):
+            assert time.monotonic() - left < 5.0, "the generations went on after the client left"
+            time.sleep(0.05)
     finally:
         s.stop()
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .engine import Engine, EngineError, Route
+from .engine import Call, Engine, EngineError, Route
 from .responses import JSON_TYPE
 from .settings import GcpParams
 from .workers import Workers
@@ -63,7 +64,7 @@ class Predictor:
         for path in self.by_path:  # on a collision the first registered route wins
             self.by_alias.setdefault(request_format(path), path)
 
-    def _one(self, instance: Any, query: str, params: dict[str, str], headers: dict[str, str]) -> Any:
+    def _one(self, instance: Any, query: str, params: dict[str, str], headers: dict[str, str], group: _Group) -> Any:
         if not isinstance(instance, dict):
             return _error("each instance must be a JSON object")
         fmt = instance.get("@requestFormat")
@@ -79,12 +80,16 @@ class Predictor:
             call = self.engine.call(self.by_path[path], path, query, params, headers, json.dumps(payload).encode())
         except EngineError as e:
             return _error(str(e), "server_error", 500)
+        if not group.add(call):
+            call.close()
+            return _error("the client has gone", "server_error", 500)
         try:
             head = call.run()
             if head.stream:
                 return _error("predict route does not support streaming responses")
             body = call.body()
         finally:
+            group.discard(call)
             call.close()
         if not body:
             return None
@@ -110,10 +115,55 @@ class Predictor:
         params = dict(request.query_params)
         headers = {k.lower(): v for k, v in request.headers.items()}
         loop = asyncio.get_running_loop()
+        group = _Group()
         jobs = [
-            loop.run_in_executor(self.workers.generation, self._one, inst, query, params, headers) for inst in instances
+            loop.run_in_executor(self.workers.generation, self._one, inst, query, params, headers, group)
+            for inst in instances
         ]
-        return _answer(200, {"predictions": list(await asyncio.gather(*jobs))})
+        gathered = asyncio.gather(*jobs)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            waited: set[asyncio.Future[Any]] = {gathered, gone}
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+            if not gathered.done():  # the client left: its generations end now, their slots free
+                group.cancel()
+            predictions = await gathered
+        finally:
+            gone.cancel()
+        return _answer(200, {"predictions": list(predictions)})
+
+
+class _Group:
+    """The engine calls of one predict request, cancelled together when its client leaves (as the bridge cancels
+    one call); any thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: set[Call] = set()
+        self.cancelled = False
+
+    def add(self, call: Call) -> bool:
+        with self.lock:
+            if not self.cancelled:
+                self.calls.add(call)
+            return not self.cancelled
+
+    def discard(self, call: Call) -> None:
+        with self.lock:
+            self.calls.discard(call)
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            calls = list(self.calls)
+        for call in calls:
+            call.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (its body was read before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _answer(status: int, doc: Any) -> Response:
