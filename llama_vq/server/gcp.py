@@ -20,10 +20,7 @@ from starlette.responses import Response
 
 from .engine import Call, Engine, EngineError, Route
 from .responses import JSON_TYPE
-from .settings import GcpParams
 from .workers import Workers
-
-__all__ = ["GcpParams", "Predictor", "request_format"]
 
 MAX_INSTANCES = 128
 # llama-server registers these after the predict route: @requestFormat cannot name them
