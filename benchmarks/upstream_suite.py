@@ -9,23 +9,21 @@ Offline: the suite starts the server from $LLAMA_SERVER_BIN_PATH with --hf-repo/
 --model-url) arguments.  This script generates a small wrapper per server that replaces those by
 `-m <local gguf>` (SmolLM2-135M-Instruct Q4_1 by default, llama_vq.default_model_path()), adds
 `--threads 1` unless a thread count is given, and execs the target: the llama-server binary, or
-`python -m llama_vq.server.cli`.
+`python -m llama_vq.server.cli`. The router preset names no model: llama-server then runs in router
+mode, llama-vq-server (which has no router mode) serves its embedded default model, the same SmolLM2.
 
 The suite is copied to a temp dir (the vendored tree is left alone) with two changes:
   * conftest's session fixture no longer pre-starts every preset to download its model
     (ServerPreset.load_all: a download cache warm-up, nothing to download offline);
-  * tests that need what neither server can have offline are deselected by a small plugin
-    (router mode, the multimodal tinygemma3 preset and its mmproj); they are listed in the report.
+  * tests that need a file from a model hub are deselected by a small plugin (the multimodal
+    tinygemma3 preset and its mmproj, LoRA adapters); the report lists them with the reason.
 The speculative tests' draft file (downloaded by the suite into ./tmp) is the local model itself,
 which shares the target's vocabulary.
 
-The suite is laid out as in the tree (tools/server/tests-NAME, models/ beside it) so that its
+The suite is laid out as in the tree (NAME/tools/server/tests, models/ beside it) so that its
 relative template paths resolve. As upstream's tests.sh, tests marked slow are left out unless
---slow (test_tool_call's are real-model tests).
-
-Whole modules left out (see SKIPPED_MODULES): router, MCP servers, built-in tools (router-only
-features), vision, lora (adapter files downloaded), GCP compat and the proxy (upstream features
-of the router / UI).
+--slow (test_tool_call's are real-model tests). Every module of unit/ runs unless --modules names some;
+the report gives each module's counts for both servers side by side.
 
 Each pytest runs under `nice -n 10` with pytest-timeout's per-test limit; needs pytest-timeout,
 requests, wget, filelock, aiohttp, openai, prometheus_client, numpy in the running interpreter.
@@ -57,15 +55,16 @@ from serve_process import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "vendor" / "llama.cpp" / "tools" / "server" / "tests"
-LLAMA_SERVER = ROOT / "build" / "py3-none-linux_x86_64" / "bin" / "llama-server"
+# `benchmarks/serve_bench.py build --llama-vq` builds llama-server from the same patched tree here
+LLAMA_SERVER = ROOT / "build" / "server-bench" / "bin" / "llama-server"
 
 TARGETS = {
     "llama-server": [str(LLAMA_SERVER)],
     "llama-vq-server": [sys.executable, "-m", "llama_vq.server.cli"],
 }
 
-# most important first: when time is short, the head of the list is what runs
-DEFAULT_MODULES = [
+# most important first: when time is short, the head of the list is what runs; then every other module
+PRIORITY_MODULES = [
     "test_basic",
     "test_chat_completion",
     "test_completion",
@@ -87,32 +86,32 @@ DEFAULT_MODULES = [
     "test_ignore_eos",
 ]
 
-SKIPPED_MODULES = {
-    "test_router": "router mode (--models-dir / presets): llama-vq-server serves one model",
-    "test_stream": "router mode (the stream-resume routes are exercised through the router preset)",
-    "test_mcp_servers": "MCP servers through the router preset",
-    "test_tools_builtin": "built-in server tools through the router preset",
-    "test_vision_api": "vision: tinygemma3 + mmproj downloaded from a model hub",
-    "test_lora": "lora adapter files downloaded from a model hub",
-    "test_compat_gcp": "GCP prediction mode (AIP_* environment, upstream HTTP layer only)",
-    "test_proxy": "the web UI's /cors-proxy MCP proxy (not served by llama-vq-server by design)",
-}
 
-# deselected inside the selected modules: needs router mode or a multimodal model
+def all_modules() -> list[str]:
+    """Every module of the suite's unit/, PRIORITY_MODULES first."""
+    found = sorted(p.stem for p in (SUITE / "unit").glob("test_*.py"))
+    return [m for m in PRIORITY_MODULES if m in found] + [m for m in found if m not in PRIORITY_MODULES]
+
+
+# deselected: needs a file from a model hub (nothing can be downloaded here); by test source, fixture or module
 DESELECT_PLUGIN = """
 import inspect
 
 MARKERS = {
-    "ServerPreset.router()": "router mode",
-    "ServerPreset.tinygemma3()": "multimodal model (tinygemma3 + mmproj)",
-    "mmproj_server": "multimodal model (tinygemma3 + mmproj)",
+    "ServerPreset.tinygemma3()": "multimodal model (tinygemma3 + mmproj) from a model hub",
+    "mmproj_server": "multimodal model (tinygemma3 + mmproj) from a model hub",
+    "url=http://example.com": "reaches example.com (no network here)",
+}
+MODULES = {
+    "test_vision_api.py": "multimodal model (tinygemma3 + mmproj) and its test images from a model hub",
+    "test_lora.py": "LoRA adapter files (stories15M_MOE's, Llama-3-8B's) from a model hub",
 }
 
 
 def pytest_collection_modifyitems(config, items):
     keep, drop = [], []
     for item in items:
-        why = None
+        why = MODULES.get(item.nodeid.split("::")[0].rsplit("/", 1)[-1])
         fn = getattr(item, "function", None)
         try:
             src = inspect.getsource(fn) if fn else ""
@@ -120,9 +119,8 @@ def pytest_collection_modifyitems(config, items):
             src = ""
         names = getattr(item, "fixturenames", ())
         for marker, reason in MARKERS.items():
-            if marker in src or marker in names:
+            if why is None and (marker in src or marker in names):
                 why = reason
-                break
         (drop if why else keep).append(item)
         if why:
             with open(config.getoption("--deselect-log"), "a") as f:
@@ -174,12 +172,14 @@ def default_model() -> str:
 
 def prepare(work: Path, name: str, model: str) -> Path:
     """A copy of the suite for one server's pass (its own tmp/, slot files, logs) and its wrapper."""
-    # tests name files by paths relative to tools/server/tests ("../../../models/templates/...")
-    suite = work / "tools" / "server" / f"tests-{name}"
+    # laid out as in the tree, one tree per server: tests name files by paths relative to tools/server/tests
+    # ("../../../models/templates/...") and test_tools_builtin reads and greps its own file from the root
+    root = work / name
+    suite = root / "tools" / "server" / "tests"
     for sub in ("models", "tools/mtmd"):
-        if not (work / sub).exists() and (SUITE.parents[2] / sub).exists():
-            (work / sub).parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(SUITE.parents[2] / sub, work / sub)
+        if not (root / sub).exists() and (SUITE.parents[2] / sub).exists():
+            (root / sub).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(SUITE.parents[2] / sub, root / sub)
     shutil.copytree(SUITE, suite, ignore=shutil.ignore_patterns("tmp", "__pycache__", ".pytest_cache"))
     for p in suite.rglob("*"):
         p.chmod(p.stat().st_mode | 0o200)
@@ -289,10 +289,46 @@ def merge(a: dict, b: dict) -> dict:
     return {"rc": max(a["rc"], b["rc"]), "wall_s": wall, "counts": counts, "cases": cases, "deselected": deselected}
 
 
+def module_counts(r: dict) -> dict[str, dict[str, int]]:
+    """passed/failed(+errors)/skipped/deselected per module of one server's results."""
+    out: dict[str, dict[str, int]] = {}
+    for node, c in r["cases"].items():
+        m = Path(node.split("::")[0]).stem
+        row = out.setdefault(m, {"passed": 0, "failed": 0, "skipped": 0, "deselected": 0})
+        row["failed" if c["status"] == "error" else c["status"]] += 1
+    for node, _why in r["deselected"]:
+        m = Path(node.split("::")[0]).stem
+        out.setdefault(m, {"passed": 0, "failed": 0, "skipped": 0, "deselected": 0})["deselected"] += 1
+    return out
+
+
+def print_module_table(report: dict) -> None:
+    """One row per module: each server's passed / failed / skipped, deselected (offline) once."""
+    names = list(report["servers"])
+    per = {n: module_counts(report["servers"][n]) for n in names}
+    report["per_module"] = per
+    print("\n| module | " + " | ".join(f"{n} passed / failed / skipped" for n in names) + " | deselected |")
+    print("|---|" + "---|" * len(names) + "---|")
+    for m in report["modules"]:
+        cells = []
+        for n in names:
+            c = per[n].get(m, {"passed": 0, "failed": 0, "skipped": 0, "deselected": 0})
+            cells.append(f"{c['passed']} / {c['failed']} / {c['skipped']}")
+        desel = max((per[n].get(m, {}).get("deselected", 0) for n in names), default=0)
+        print(f"| {m} | " + " | ".join(cells) + f" | {desel} |")
+    for n in names:
+        reasons: dict[str, int] = {}
+        for _node, why in report["servers"][n]["deselected"]:
+            reasons[why] = reasons.get(why, 0) + 1
+        for why, k in reasons.items():
+            print(f"deselected ({n}): {k} x {why}")
+        break
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--servers", default="llama-server,llama-vq-server")
-    ap.add_argument("--modules", default=",".join(DEFAULT_MODULES))
+    ap.add_argument("--modules", default=None, help="comma-separated (default: every module)")
     ap.add_argument("--timeout", type=int, default=120, help="per-test timeout (s)")
     ap.add_argument("--model", default=None, help="local gguf used for every preset")
     ap.add_argument("-k", dest="kexpr", default=None, help="pytest -k expression")
@@ -316,14 +352,14 @@ def main() -> int:
     a = ap.parse_args()
 
     model = a.model or default_model()
-    modules = [m.strip().removesuffix(".py") for m in a.modules.split(",") if m.strip()]
+    names = a.modules.split(",") if a.modules else all_modules()
+    modules = [m.strip().removesuffix(".py") for m in names if m.strip()]
     servers = [s.strip() for s in a.servers.split(",") if s.strip()]
     work = Path(tempfile.mkdtemp(prefix="upstream-suite-"))
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "model": os.path.basename(model),
         "modules": modules,
-        "skipped_modules": SKIPPED_MODULES,
         "timeout_s": a.timeout,
         "slow": a.slow,
         "servers": {},
@@ -357,9 +393,7 @@ def main() -> int:
 
     print()
     print(f"modules: {' '.join(report['modules'])}")
-    print("modules left out:")
-    for m, why in SKIPPED_MODULES.items():
-        print(f"  {m}: {why}")
+    print_module_table(report)
     for name, r in report["servers"].items():
         c = r["counts"]
         print(

@@ -18,8 +18,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__, protocol
 from .bridge import Bridge
-from .engine import Engine, Route
-from .metrics import Metrics
+from .cors_proxy import CorsProxy
+from .engine import Engine, EngineError, Route
+from .gcp import Predictor
+from .metrics import Metrics, SleepSnapshot
 from .middleware import HeaderCaseMiddleware, HeadMiddleware, Readiness, ReadinessMiddleware
 from .responses import JSON_TYPE, error_body
 from .security import OPEN_PATHS, ApiKeyMiddleware, BodyLimitMiddleware, add_cors
@@ -64,7 +66,9 @@ def create_app(settings: Settings, engine: Engine, metrics: Metrics, workers: Wo
     """The app for one engine; `readiness` is set by the caller once the model is loaded and slots restored."""
     app = FastAPI(title=TITLE, version=__version__, description=DESCRIPTION)
     metrics.engine_ready.set_function(lambda: 1.0 if readiness.ready() else 0.0)
-    bridge = Bridge(engine, workers, metrics, settings.sse_keepalive, settings.api_prefix, {"/metrics": metrics.render})
+    snapshot = SleepSnapshot(metrics, lambda: engine.state().get("state") == "sleeping")
+    appendix = {"/metrics": snapshot.render}
+    bridge = Bridge(engine, workers, metrics, settings.sse_keepalive, settings.api_prefix, appendix)
     app.state.bridge = bridge
 
     def endpoint_for(route: Route):  # noqa: ANN202
@@ -89,6 +93,17 @@ def create_app(settings: Settings, engine: Engine, metrics: Metrics, workers: Wo
             response_model=None,
             openapi_extra=extra,
         )
+    proxy = CorsProxy(settings.ui_mcp_proxy, workers)
+    app.add_api_route(
+        settings.api_prefix + "/cors-proxy",
+        proxy.handle,
+        methods=["GET", "POST"],
+        tags=["llama-server"],
+        summary="The web UI's CORS proxy for MCP servers: ?url=... (--ui-mcp-proxy; 403 without it)",
+        response_model=None,
+    )
+    if settings.gcp.enabled:
+        _add_gcp_routes(app, settings, engine, workers, endpoint_for)
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
 
     app.add_exception_handler(StarletteHTTPException, _http_error)
@@ -101,6 +116,32 @@ def create_app(settings: Settings, engine: Engine, metrics: Metrics, workers: Wo
     add_cors(app, settings.cors_origins, settings.cors_methods, settings.cors_headers, settings.cors_credentials)
     app.add_middleware(HeaderCaseMiddleware)  # outermost: every answer's header names as llama-server's
     return app
+
+
+def _add_gcp_routes(app: FastAPI, settings: Settings, engine: Engine, workers: Workers, endpoint_for) -> None:  # noqa: ANN001
+    """Vertex AI's prediction route (and its health route, when named), as llama-server adds them (gcp.py)."""
+    gcp = settings.gcp
+    if any(r.path == gcp.path_predict for r in engine.routes):
+        raise EngineError(f"AIP_PREDICT_ROUTE={gcp.path_predict} conflicts with an existing llama-server route")
+    predictor = Predictor(engine, workers)
+    app.add_api_route(
+        settings.api_prefix + gcp.path_predict,
+        predictor.predict,
+        methods=["POST"],
+        tags=["Vertex AI"],
+        summary="Vertex AI prediction: {instances: [...]} -> {predictions: [...]} (AIP_MODE=PREDICTION)",
+        response_model=None,
+    )
+    health = next((r for r in engine.routes if r.method == "GET" and r.path == "/health"), None)
+    if gcp.path_health and health is not None:
+        app.add_api_route(
+            settings.api_prefix + gcp.path_health,
+            endpoint_for(health),
+            methods=["GET"],
+            tags=["Vertex AI"],
+            summary="Health (AIP_HEALTH_ROUTE): as /health",
+            response_model=None,
+        )
 
 
 def _openapi(app: FastAPI, settings: Settings) -> dict:

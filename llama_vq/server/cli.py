@@ -52,7 +52,8 @@ def _bind(host: str, port: int, v6only: bool = False) -> socket.socket:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
     sock.listen(2048)
-    sock.set_inheritable(True)
+    # not inheritable (Python's default): a process the engine starts (an MCP server, a tool) must not keep the
+    # port open after this server has stopped
     return sock
 
 
@@ -106,6 +107,8 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
         # the process before the state dir is saved; a second SIGINT forces the exit, as with uvicorn
         if not stop_at:
             stop_at.append(time.monotonic())
+            # as llama-server, the MCP servers stop first: a tool call waiting for one ends now, not at its timeout
+            engine.stop_tools()
             # running requests get --drain-timeout seconds; then the bridge ends what is left, cleanly
             loop.call_soon_threadsafe(loop.call_later, settings.drain_timeout, bridge.close)
         if server.should_exit and sig == signal.SIGINT:
@@ -178,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, OptionError) as e:
         print(f"llama-vq-server: {e}", file=sys.stderr)
         return 1
+    if settings.gcp.enabled:
+        log.info(
+            "Vertex AI prediction mode (AIP_MODE=PREDICTION): port %d (AIP_HTTP_PORT), POST %s",
+            settings.port,
+            settings.gcp.path_predict,
+        )
     for host in settings.hosts:
         if not _is_loopback(host) and not settings.api_keys:
             log.warning("listening on %s without --api-key: anyone who can reach it can use the model", host)

@@ -36,6 +36,7 @@ SERVER = _cdll.Library(
         "llama_vq_server_state": ([_p], _p),
         "llama_vq_server_run": ([_p], None),
         "llama_vq_server_terminate": ([_p], None),
+        "llama_vq_server_stop_tools": ([_p], None),
         "llama_vq_server_free": ([_p], None),
         "llama_vq_server_call_new": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz, _c.POINTER(_p)], _p),
         "llama_vq_server_call_add_file": ([_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _c.c_char_p, _sz], None),
@@ -48,7 +49,7 @@ SERVER = _cdll.Library(
         "llama_vq_server_string_free": ([_p], None),
     },
     abi_function="llama_vq_server_abi_version",
-    abi_version=1,
+    abi_version=2,
     error=EngineError,
 )
 
@@ -213,6 +214,10 @@ class Engine:
         body: bytes = b"",
     ) -> Call:
         return Call(self, route, path, query_string, params or {}, headers or {}, body)
+
+    def stop_tools(self) -> None:
+        """Stop the MCP servers now (a tool call waiting for one returns with an error); blocks briefly."""
+        _native().llama_vq_server_stop_tools(self._h)
 
     def terminate(self, timeout: float | None = None) -> None:
         """Stop the task loop (pending calls end as cancelled) and wait for it up to timeout seconds."""

@@ -4,6 +4,8 @@ streamed byte, requests in flight, disconnects, and the Python process's own mem
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -49,3 +51,20 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class SleepSnapshot:
+    """The front end's part of /metrics, frozen while the engine sleeps (--sleep-idle-seconds), as llama-server
+    serves its own part from the snapshot it takes on entering sleep: while asleep, every scrape is the last one
+    taken awake, byte for byte (a scraper sees no change where nothing ran)."""
+
+    def __init__(self, metrics: Metrics, sleeping: Callable[[], bool]) -> None:
+        self.metrics = metrics
+        self.sleeping = sleeping
+        self.last: bytes | None = None
+
+    def render(self) -> bytes:
+        if self.last is not None and self.sleeping():
+            return self.last
+        self.last = self.metrics.render()
+        return self.last

@@ -2,12 +2,12 @@
 the request size limit.
 
 - Keys: `Authorization: Bearer KEY` or `X-Api-Key: KEY` (Anthropic's header), any of several keys; of a header
-  sent twice the first counts, as cpp-httplib reads it; /health, /v1/health and OPTIONS are open; a wrong or
-  missing key is a 401 with llama-server's body.
-- CORS: Starlette's middleware for pre-flights, configured from llama-server's --cors-origins/--cors-methods/
-  --cors-headers/--cors-credentials: "*" (with credentials the request's Origin is echoed, as llama-server does),
-  "localhost" (only http(s)://localhost / 127.0.0.1 / [::1] origins, any port), or a comma-separated list. Any
-  other OPTIONS request is answered 200 with the Access-Control-Allow-* headers, as llama-server answers it.
+  sent twice the first counts, as cpp-httplib reads it; /health, /v1/health, OPTIONS and the web UI's root (a
+  404 here) are open; a wrong or missing key is a 401 with llama-server's body.
+- CORS: llama-server's --cors-origins/--cors-methods/--cors-headers/--cors-credentials, answered as llama-server
+  answers them (CorsMiddleware): "*" (with credentials the request's Origin is echoed), "localhost" (only
+  http(s)://localhost / 127.0.0.1 / [::1] origins, any port), one fixed origin, or a comma-separated list; every
+  OPTIONS request is a 200 with the Access-Control-Allow-* headers.
 - Body size: 413 for a body over --max-body-size, by Content-Length before it is read.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 from collections.abc import Iterable
 
-from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .responses import error_body, first_header, send_json
@@ -25,6 +25,8 @@ from .responses import error_body, first_header, send_json
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health", "/v1/health"})
+# llama-server's web UI assets are public too; of them only its root, "/", exists here (a 404: no UI is served)
+OPEN_UI_PATHS = frozenset({"/"})
 LOCALHOST_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
@@ -32,7 +34,7 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, keys: Iterable[str], prefix: str = "") -> None:
         self.app = app
         self.keys = [k.encode() for k in keys]
-        self.open = frozenset(prefix + p for p in OPEN_PATHS)
+        self.open = frozenset(prefix + p for p in OPEN_PATHS | OPEN_UI_PATHS)
 
     def allowed(self, authorization: bytes | None, x_api_key: bytes | None) -> bool:
         token = authorization or x_api_key or b""
@@ -53,83 +55,72 @@ class ApiKeyMiddleware:
         await send_json(send, 401, error_body(401, "Invalid API Key", "authentication_error"))
 
 
-def cors_options(origins: str, methods: str, headers: str, credentials: bool) -> dict:
-    """Keyword arguments of Starlette's CORSMiddleware for llama-server's CORS flags."""
-    opts: dict = {
-        "allow_methods": [m.strip() for m in methods.split(",") if m.strip()],
-        "allow_headers": [h.strip() for h in headers.split(",") if h.strip()],
-        "allow_credentials": credentials,
-        "expose_headers": [],
-    }
-    if origins.strip() == "localhost":
-        opts["allow_origins"] = []
-        opts["allow_origin_regex"] = LOCALHOST_ORIGINS
-    else:
-        opts["allow_origins"] = [o.strip() for o in origins.split(",") if o.strip()]
-    return opts
+class CorsMiddleware:
+    """CORS as llama-server's pre-routing handler answers it (server-http.cpp), on every request:
 
+    - Access-Control-Allow-Origin: with --cors-origins "*" and credentials (the default) the request's Origin is
+      echoed; "localhost" echoes only an http(s) origin on localhost / 127.0.0.1 / [::1], any port; a fixed origin
+      is named on every answer; a comma-separated list (llama-vq's) echoes the origins it lists. A disallowed
+      origin gets no Allow-Origin header, and the answer is otherwise the same (the browser refuses it).
+    - OPTIONS, a pre-flight or not: 200 with an empty body and Access-Control-Allow-Credentials/-Methods/-Headers
+      as configured, on any path, before the readiness and key checks (browsers send no key in a pre-flight).
+    """
 
-class AlwaysAllowOrigin:
-    """llama-server sets Access-Control-Allow-Origin on every answer, also to requests without an Origin (with
-    "*" or one fixed origin); Starlette's middleware answers only requests that have one. This adds the header
-    where Starlette did not and the configuration names a fixed value."""
-
-    def __init__(self, app: ASGIApp, origins: str) -> None:
+    def __init__(self, app: ASGIApp, origins: str, methods: str, headers: str, credentials: bool) -> None:
         self.app = app
-        value = origins.strip()
-        self.value = value.encode() if value and value != "localhost" and "," not in value else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.value is None:
-            await self.app(scope, receive, send)
-            return
-
-        async def wrapped(msg: Message) -> None:
-            if msg["type"] == "http.response.start":
-                names = {k.lower() for k, _ in msg.get("headers", [])}
-                if b"access-control-allow-origin" not in names:
-                    msg = dict(msg)
-                    msg["headers"] = [*msg.get("headers", []), (b"access-control-allow-origin", self.value)]
-            await send(msg)
-
-        await self.app(scope, receive, wrapped)
-
-
-class OptionsMiddleware:
-    """An OPTIONS request that is not a CORS pre-flight (no Origin, or no Access-Control-Request-Method): 200 with an
-    empty body and llama-server's Access-Control-Allow-Credentials/-Methods/-Headers, on any path, without a key."""
-
-    def __init__(self, app: ASGIApp, methods: str, headers: str, credentials: bool) -> None:
-        self.app = app
-        self.headers = [
+        self.origins = origins.strip()
+        self.credentials = credentials
+        self.listed = frozenset(o.strip() for o in self.origins.split(",") if o.strip())
+        self.options_headers = [
             (b"access-control-allow-credentials", b"true" if credentials else b"false"),
             (b"access-control-allow-methods", methods.encode()),
             (b"access-control-allow-headers", headers.encode()),
         ]
 
+    def allow_origin(self, origin: str | None) -> str | None:
+        """The Access-Control-Allow-Origin value for a request from `origin` (None: no header)."""
+        if self.origins == "*" and self.credentials:
+            return origin or None
+        if self.origins == "localhost":
+            return origin if origin and re.fullmatch(LOCALHOST_ORIGINS, origin) else None
+        if len(self.listed) > 1:
+            return origin if origin in self.listed else None
+        return self.origins or None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "OPTIONS":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        names = {k for k, _ in scope["headers"]}
-        if b"origin" in names and b"access-control-request-method" in names:
+        raw = first_header(scope["headers"], b"origin")
+        origin = raw.decode("latin-1") if raw is not None else None
+        allowed = self.allow_origin(origin)
+        cors = [] if allowed is None else [(b"access-control-allow-origin", allowed.encode("latin-1"))]
+        if allowed is not None and allowed != self.origins:
+            cors.append((b"vary", b"Origin"))  # the value depends on the request's Origin
+        if origin and allowed is None and self.origins == "localhost":
+            log.warning("(CORS) skip non-localhost origin: %s", origin)  # as llama-server logs it
+        if scope["method"] == "OPTIONS":
+            headers = [(b"content-type", b"text/html"), (b"content-length", b"0"), *cors, *self.options_headers]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if not cors:
             await self.app(scope, receive, send)
             return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/html"), (b"content-length", b"0"), *self.headers],
-            }
-        )
-        await send({"type": "http.response.body", "body": b""})
+
+        async def with_cors(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                msg = dict(msg)
+                kept = [(k, v) for k, v in msg.get("headers", []) if k.lower() != b"access-control-allow-origin"]
+                msg["headers"] = [*kept, *cors]
+            await send(msg)
+
+        await self.app(scope, receive, with_cors)
 
 
 def add_cors(app, origins: str, methods: str, headers: str, credentials: bool) -> None:  # noqa: ANN001
-    """CORS as llama-server: plain OPTIONS answered, pre-flights by Starlette, Allow-Origin on every answer."""
-    app.add_middleware(OptionsMiddleware, methods=methods, headers=headers, credentials=credentials)
-    app.add_middleware(AlwaysAllowOrigin, origins=origins)
-    app.add_middleware(CORSMiddleware, **cors_options(origins, methods, headers, credentials))
+    """CORS as llama-server (CorsMiddleware)."""
+    app.add_middleware(CorsMiddleware, origins=origins, methods=methods, headers=headers, credentials=credentials)
 
 
 class BodyLimitMiddleware:

@@ -3,7 +3,9 @@ llama-server's parsed parameters (host, port, keys, CORS), validated once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,30 @@ ROW_SPLIT_REFUSED = (
 )
 
 
+def _env_path(environ: Mapping[str, str], name: str, default: str) -> str:
+    value = environ.get(name) or default
+    return value if not value or value.startswith("/") else "/" + value
+
+
+@dataclass(frozen=True)
+class GcpParams:
+    """Google Cloud Vertex AI's prediction mode, from the AIP_* environment as llama-server reads it (gcp.py)."""
+
+    enabled: bool = False
+    path_health: str = ""  # "": no alias of /health
+    path_predict: str = "/predict"
+    port: int = 8080
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> GcpParams:
+        return cls(
+            enabled=environ.get("AIP_MODE", "") == "PREDICTION",
+            path_health=_env_path(environ, "AIP_HEALTH_ROUTE", ""),
+            path_predict=_env_path(environ, "AIP_PREDICT_ROUTE", "/predict"),
+            port=int(environ.get("AIP_HTTP_PORT") or 8080),
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     # llama-server's, as its parser left them (engine.params)
@@ -43,6 +69,7 @@ class Settings:
     n_parallel: int = 4
     metrics: bool = False
     slot_save_path: str = ""
+    ui_mcp_proxy: bool = False  # --ui-mcp-proxy: /cors-proxy forwards (cors_proxy.py)
     # llama-vq's own
     state_dir: Path | None = None
     state_budget: int = _ours("state_budget")
@@ -51,6 +78,7 @@ class Settings:
     drain_timeout: float = _ours("drain_timeout")
     max_body_size: int = _ours("max_body_size")
     sse_keepalive: float = _ours("sse_keepalive")
+    gcp: GcpParams = field(default_factory=GcpParams)  # AIP_MODE=PREDICTION: AIP_HTTP_PORT is the port
 
     @classmethod
     def build(cls, ours: dict[str, Any], params: dict[str, Any]) -> Settings:
@@ -71,12 +99,13 @@ class Settings:
                 "--ssl-key-file/--ssl-cert-file: llama-vq-server serves plain HTTP; put a TLS proxy "
                 "in front of it (or run llama-server for built-in TLS)"
             )
+        gcp = GcpParams.from_env()
         d = cls()  # the defaults: llama-server's as its parser sets them, ours from options.FLAGS
         host = str(params.get("host", d.host))
         return cls(
             host=host,
             hosts=tuple(str(h) for h in params.get("hosts") or ()) or (host,),
-            port=int(params.get("port", d.port)),
+            port=gcp.port if gcp.enabled else int(params.get("port", d.port)),
             api_prefix=str(params.get("api_prefix", d.api_prefix)),
             api_keys=tuple(params.get("api_keys", d.api_keys)),
             cors_origins=str(params.get("cors_origins", d.cors_origins)),
@@ -86,6 +115,7 @@ class Settings:
             n_parallel=int(params.get("n_parallel", d.n_parallel)),
             metrics=bool(params.get("endpoint_metrics", d.metrics)),
             slot_save_path=str(params.get("slot_save_path", d.slot_save_path)),
+            ui_mcp_proxy=bool(params.get("ui_mcp_proxy", d.ui_mcp_proxy)),
             state_dir=state_dir,
             state_budget=int(ours.get("state_budget", d.state_budget)),
             cache_type_k_swa=swa.get("cache_type_k_swa"),
@@ -93,4 +123,5 @@ class Settings:
             drain_timeout=float(ours.get("drain_timeout", d.drain_timeout)),
             max_body_size=int(ours.get("max_body_size", d.max_body_size)),
             sse_keepalive=float(ours.get("sse_keepalive", d.sse_keepalive)),
+            gcp=gcp,
         )

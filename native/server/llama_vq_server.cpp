@@ -157,7 +157,7 @@ struct llama_vq_server_call {
 extern "C" {
 
 int llama_vq_server_abi_version(void) {
-    return 1;
+    return 2;
 }
 
 llama_vq_server * llama_vq_server_create(int argc, const char * const * argv, char ** error_json) {
@@ -251,6 +251,7 @@ char * llama_vq_server_params(const llama_vq_server * srv) {
             {"endpoint_props",   p.endpoint_props},
             {"ssl",              !p.ssl_file_key.empty() || !p.ssl_file_cert.empty()},
             {"tools",            srv->has_tools},
+            {"ui_mcp_proxy",     p.ui_mcp_proxy},
         };
         return dup_string(out.dump());
     } catch (const std::exception & e) {
@@ -318,6 +319,13 @@ void llama_vq_server_terminate(llama_vq_server * srv) {
         srv->mcp_mgr.shutdown();
         srv->ctx_server.terminate();
         srv->ctx_server.wake_waiters();
+    } catch (...) {
+    }
+}
+
+void llama_vq_server_stop_tools(llama_vq_server * srv) {
+    try {
+        srv->mcp_mgr.shutdown();
     } catch (...) {
     }
 }

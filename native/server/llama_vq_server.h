@@ -46,7 +46,7 @@ LLAMA_VQ_SERVER_API struct llama_vq_server * llama_vq_server_create(int argc, co
 // "cors_origins", "cors_methods", "cors_headers", "cors_credentials", "timeout_read", "timeout_write",
 // "n_parallel", "n_ctx", "split_mode": "none"|"layer"|"row"|"tensor", "model_path", "model_alias": [...],
 // "slot_save_path", "sleep_idle_seconds", "endpoint_metrics", "endpoint_slots", "endpoint_props", "ssl",
-// "tools": bool}.
+// "tools": bool, "ui_mcp_proxy": bool (--ui-mcp-proxy: the front end serves /cors-proxy)}.
 LLAMA_VQ_SERVER_API char * llama_vq_server_params(const struct llama_vq_server * srv);
 
 // The routes, in llama-server's registration order: [{"method": "GET"|"POST"|"DELETE", "path": "/slots/:id_slot"}].
@@ -68,6 +68,10 @@ LLAMA_VQ_SERVER_API void llama_vq_server_run(struct llama_vq_server * srv);
 
 // Unblock run(); pending and later calls end as cancelled. Any thread.
 LLAMA_VQ_SERVER_API void llama_vq_server_terminate(struct llama_vq_server * srv);
+
+// Stop the MCP servers (--mcp-servers-*) now, as llama-server does first on SIGTERM: a tool call waiting for one
+// returns at once with an error, so that the drain does not wait for it. Any thread; terminate() does it too.
+LLAMA_VQ_SERVER_API void llama_vq_server_stop_tools(struct llama_vq_server * srv);
 
 // Free everything (after run() returned, or when it never started). Calls must be freed first.
 LLAMA_VQ_SERVER_API void llama_vq_server_free(struct llama_vq_server * srv);
