@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -223,3 +224,20 @@ def test_foreign_llama_cpp_python_distribution_is_named_with_the_fix(llama_vq, t
     msg = _binding.foreign_llama_cpp_python()
     assert msg is not None and "llama-cpp-python 0.3.20 is installed" in msg, msg
     assert "pip uninstall -y llama-cpp-python" in msg and "--force-reinstall" in msg
+
+
+def test_dependencies_are_the_pinned_bindings_own_and_extras_name_this_versions_backend_wheels():
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    ours = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    with tarfile.open(_pinned_sdist()) as tar:
+        name = next(n for n in tar.getnames() if n.endswith("/pyproject.toml") and n.count("/") == 1)
+        theirs = tomllib.loads(tar.extractfile(name).read().decode())["project"]
+    # the bindings inside our wheel need what their release declares, and llama-cpp-python itself is not among ours
+    assert set(theirs["dependencies"]) <= set(ours["dependencies"]), (theirs["dependencies"], ours["dependencies"])
+    assert not [d for d in ours["dependencies"] if d.replace("_", "-").startswith("llama-cpp-python")]
+    version = ours["version"]
+    extras = ours["optional-dependencies"]
+    assert f"llama-vq-hip=={version}" in extras["hip"] and f"llama-vq-cuda=={version}" in extras["cuda"], extras
