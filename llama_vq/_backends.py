@@ -123,7 +123,8 @@ def _load_gpu(name: str, state: Loaded) -> None:
             f"loaded. Fix: {rt.fix}."
         )
     lib = _native.ggml()
-    reg = lib.ggml_backend_load(path.encode()) if _score(path) > 0 else None
+    # no score function in GPU modules: a module whose runtime finds no GPU registers with no device
+    reg = lib.ggml_backend_load(path.encode())
     n_dev = lib.ggml_backend_reg_dev_count(reg) if reg else 0
     if not n_dev:
         gpu = "AMD" if name == "hip" else "NVIDIA"
