@@ -18,6 +18,7 @@ A build without DL registers its backends when libggml loads; nothing is done th
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import os
 import sys
@@ -96,11 +97,15 @@ def _score(path: str) -> int:
         lib = ctypes.CDLL(path)
     except OSError:
         return 0
-    fn = getattr(lib, "ggml_backend_score", None)
-    if fn is None:
-        return 0
-    fn.restype = ctypes.c_int
-    return int(fn())
+    try:
+        fn = getattr(lib, "ggml_backend_score", None)
+        if fn is None:
+            return 0
+        fn.restype = ctypes.c_int
+        return int(fn())
+    finally:
+        # unmapped again, as ggml's own search does: only the module chosen stays in the process
+        _ctypes.dlclose(lib._handle)
 
 
 def _missing_runtime(rt: Runtime) -> list[str]:
