@@ -13,6 +13,10 @@ from ._binding import bind as _bind
 
 _bind()
 
+from . import _backends  # noqa: E402
+
+_backends.load()  # a wheel build's backend modules (GGML_BACKEND_DL), before any model or context
+
 from . import _hooks, _logs  # noqa: E402  (after the binding: these import llama_cpp)
 from ._build import BuildInfo, build_info  # noqa: E402
 from ._validate import check_config  # noqa: E402

@@ -1,13 +1,15 @@
 """Point llama_cpp at llama_vq's own native library before llama_cpp loads one.
 
-llama_cpp loads ``libllama`` at import time from ``$LLAMA_CPP_LIB_PATH`` or from its own ``lib``
-folder. We set that variable to ``llama_vq/lib`` first; if llama_cpp was already imported with another
-library, there is no way to swap it inside this process, so we refuse with an ImportError that says
-what to do.
+llama_cpp (llama-cpp-python's bindings, shipped inside llama-vq's wheel: docs/architecture.md, decision 3) loads
+``libllama`` at import time from ``$LLAMA_CPP_LIB_PATH`` or from its own ``lib`` folder. We set that variable to
+``llama_vq/lib`` first; if llama_cpp was already imported with another library, there is no way to swap it inside
+this process, so we refuse with an ImportError that says what to do. A separately installed llama-cpp-python
+writes its own ``llama_cpp`` package over ours (or ours over its): refused too, with the fix.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 from pathlib import Path
@@ -26,8 +28,27 @@ def _loaded_library_path() -> Path | None:
     return Path(name).resolve() if name else None
 
 
+def foreign_llama_cpp_python() -> str | None:
+    """A message naming the fix when a llama-cpp-python distribution is installed beside llama-vq, else None."""
+    try:
+        dist = importlib.metadata.distribution("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    where = dist.locate_file("")
+    return (
+        f"llama-cpp-python {dist.version} is installed in this environment ({where}). llama-vq ships the pinned "
+        "llama_cpp bindings itself, bound to its own libllama; both install the package llama_cpp into the same "
+        "folder, so one has overwritten the other's files. Fix: `pip uninstall -y llama-cpp-python`, then "
+        "`pip install --force-reinstall --no-deps llama-vq` (or the wheel or checkout you installed llama-vq from)."
+    )
+
+
 def bind() -> None:
-    """Make ``import llama_cpp`` use llama_vq/lib; raise BindingError if it is too late for that."""
+    """Make ``import llama_cpp`` use llama_vq/lib; raise BindingError if it is too late for that, or if a
+    separately installed llama-cpp-python shares the llama_cpp package with ours."""
+    foreign = foreign_llama_cpp_python()
+    if foreign is not None:
+        raise BindingError(foreign)
     ours = (LIB_DIR / _LIB_NAME).resolve()
     if not ours.exists():
         raise BindingError(

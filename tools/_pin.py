@@ -13,6 +13,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR = ROOT / "vendor" / "llama.cpp"
+# llama-cpp-python's pure-Python ctypes bindings (the `llama_cpp` package) from the same sdist; our wheel ships them
+BINDINGS = ROOT / "vendor" / "llama_cpp_python"
 PATCHES = ROOT / "patches"
 SERIES = PATCHES / "series"
 STAMP_NAME = ".llama-vq-pin"

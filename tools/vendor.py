@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Fill vendor/llama.cpp with the pristine llama.cpp pinned in pyproject.toml.
+"""Fill vendor/llama.cpp with the pristine llama.cpp pinned in pyproject.toml, and vendor/llama_cpp_python with
+the same release's Python bindings (its `llama_cpp` package and license), which llama-vq's wheel ships.
 
-The source is the `vendor/llama.cpp` subtree of the llama-cpp-python sdist named by the pin,
-obtained with pip (so it honours the user's index configuration) and checked against the pinned
-sha256 before anything is extracted.
+Both come from the llama-cpp-python sdist named by the pin, obtained with pip (so it honours the user's index
+configuration) and checked against the pinned sha256 before anything is extracted.
 
-    python tools/vendor.py fetch      # no-op when the pinned tree is already there
+    python tools/vendor.py fetch      # no-op when the pinned trees are already there
     python tools/vendor.py status     # print what is there
     python tools/vendor.py sdist      # print the path of the pinned sdist (fetched when missing)
 
@@ -23,10 +23,11 @@ import shutil
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _pin import ROOT, STAMP_NAME, VENDOR, Pin, read_pin  # noqa: E402
+from _pin import BINDINGS, ROOT, STAMP_NAME, VENDOR, Pin, read_pin  # noqa: E402
 
 
 def _load_fetch():
@@ -75,6 +76,21 @@ def sdist_path(pin: Pin) -> Path:
     return path
 
 
+def _bindings_members(pin: Pin) -> tuple[str, ...]:
+    """What of the sdist goes into vendor/llama_cpp_python: the bindings package and its license. Left out:
+    llama_cpp/server (llama-cpp-python's own server, whose extra dependencies we do not declare: llama-vq-server
+    replaces it)."""
+    top = f"llama_cpp_python-{pin.llama_cpp_python}/"
+    return (top + "llama_cpp/", top + "LICENSE.md")
+
+
+def _is_binding_member(name: str, pin: Pin) -> bool:
+    pkg, lic = _bindings_members(pin)
+    if name == lic:
+        return True
+    return name.startswith(pkg) and not name.startswith(pkg + "server/") and "__pycache__" not in name
+
+
 def extract(pin: Pin, sdist: Path, vendor: Path = VENDOR) -> None:
     digest = _sha256(sdist)
     if digest != pin.sdist_sha256:
@@ -98,11 +114,42 @@ def extract(pin: Pin, sdist: Path, vendor: Path = VENDOR) -> None:
     print(f"llama-vq: vendor/llama.cpp filled ({n} entries, llama.cpp {pin.llama_cpp_commit[:10]})", file=sys.stderr)
 
 
-def _extract_into(sdist: Path, prefix: str, staging: Path) -> int:
+def extract_bindings(pin: Pin, sdist: Path, dest: Path = BINDINGS) -> None:
+    """vendor/llama_cpp_python/{llama_cpp/, LICENSE.md} from the pinned sdist, stamped like vendor/llama.cpp."""
+    digest = _sha256(sdist)
+    if digest != pin.sdist_sha256:
+        raise VendorError(f"{sdist} has sha256 {digest}, expected {pin.sdist_sha256}. Delete it and run again.")
+    prefix = f"llama_cpp_python-{pin.llama_cpp_python}/"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(dest.name + ".partial*"):  # an interrupted fetch's (fetches hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=dest.name + ".partial-", dir=dest.parent))
+    try:
+        n = _extract_into(sdist, prefix, staging, keep=lambda name: _is_binding_member(name, pin))
+        if not (staging / "llama_cpp" / "llama_cpp.py").exists():
+            raise VendorError(f"{sdist} holds no {prefix}llama_cpp/llama_cpp.py: not the expected sdist")
+        (staging / STAMP_NAME).write_text(pin.stamp)
+        if bindings_current(pin, dest):
+            return
+        shutil.rmtree(dest, ignore_errors=True)
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"llama-vq: vendor/llama_cpp_python filled ({n} entries, bindings {pin.llama_cpp_python})", file=sys.stderr)
+
+
+def bindings_current(pin: Pin, dest: Path = BINDINGS) -> bool:
+    stamp = dest / STAMP_NAME
+    return stamp.exists() and stamp.read_text() == pin.stamp and (dest / "llama_cpp" / "llama_cpp.py").exists()
+
+
+def _extract_into(sdist: Path, prefix: str, staging: Path, keep: Callable[[str], bool] | None = None) -> int:
     with tarfile.open(sdist, "r:gz") as tar:
         members = []
         for m in tar.getmembers():
             if not m.name.startswith(prefix) or m.name == prefix.rstrip("/"):
+                continue
+            if keep is not None and not keep(m.name):
                 continue
             rel = m.name[len(prefix) :]
             if rel == ".git" or rel.startswith(".git/"):
@@ -133,19 +180,20 @@ def _fetch_lock(vendor: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def fetch(vendor: Path = VENDOR) -> Path:
+def fetch(vendor: Path = VENDOR, bindings: Path = BINDINGS) -> Path:
     pin = read_pin()
-    if is_current(pin, vendor):
+    if is_current(pin, vendor) and bindings_current(pin, bindings):
         return vendor
     with _fetch_lock(vendor):
-        if is_current(pin, vendor):  # filled by a fetch that held the lock before us
-            return vendor
-        if (vendor / "CMakeLists.txt").exists() and not (vendor / STAMP_NAME).exists():
-            raise VendorError(
-                f"{vendor} exists but carries no pin stamp ({STAMP_NAME}); it may be hand-edited. "
-                "Fix: delete it and run `python tools/vendor.py fetch` to get the pristine pinned tree."
-            )
-        extract(pin, sdist_path(pin), vendor)
+        if not is_current(pin, vendor):  # else filled by a fetch that held the lock before us
+            if (vendor / "CMakeLists.txt").exists() and not (vendor / STAMP_NAME).exists():
+                raise VendorError(
+                    f"{vendor} exists but carries no pin stamp ({STAMP_NAME}); it may be hand-edited. "
+                    "Fix: delete it and run `python tools/vendor.py fetch` to get the pristine pinned tree."
+                )
+            extract(pin, sdist_path(pin), vendor)
+        if not bindings_current(pin, bindings):
+            extract_bindings(pin, sdist_path(pin), bindings)
     return vendor
 
 
@@ -162,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             pin = read_pin()
             print(f"pin: llama-cpp-python=={pin.llama_cpp_python} llama.cpp {pin.llama_cpp_commit}")
             print(f"vendor/llama.cpp: {'current' if is_current(pin) else 'missing or stale'}")
+            print(f"vendor/llama_cpp_python: {'current' if bindings_current(pin) else 'missing or stale'}")
     except VendorError as e:
         print(f"llama-vq: error: {e}", file=sys.stderr)
         return 1

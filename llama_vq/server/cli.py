@@ -23,6 +23,7 @@ import uvicorn
 
 from .app import create_app
 from .engine import Engine, EngineError
+from .kv_line import kv_cache_line
 from .metrics import Metrics
 from .middleware import Readiness
 from .options import OptionError, help_text, split_argv
@@ -97,6 +98,9 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
             n = await loop.run_in_executor(workers.generation, state.restore, engine)
             if n:
                 log.info("state dir: %d tokens of earlier prompts restored", n)
+        kv = engine.kv_cache()
+        if kv is not None:  # before /health turns 200: a client that sees it ready can read the line
+            log.info("%s", kv_cache_line(kv))
         readiness.set()
         log.info("model loaded; serving on %s", _where(settings))
 

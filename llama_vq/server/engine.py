@@ -34,6 +34,7 @@ SERVER = _cdll.Library(
         "llama_vq_server_set_swa_cache_types": ([_p, _c.c_int, _c.c_int], None),
         "llama_vq_server_load": ([_p], _c.c_int),
         "llama_vq_server_state": ([_p], _p),
+        "llama_vq_server_kv_cache": ([_p], _p),
         "llama_vq_server_run": ([_p], None),
         "llama_vq_server_terminate": ([_p], None),
         "llama_vq_server_stop_tools": ([_p], None),
@@ -199,6 +200,10 @@ class Engine:
         if self._loop is not None and not self._loop.is_alive() and doc.get("state") in ("ready", "sleeping"):
             doc["state"] = "stopped"
         return doc
+
+    def kv_cache(self) -> dict[str, Any] | None:
+        """The loaded context's KV cache (types, cells, bytes, attention mode); None before the load."""
+        return _take(_native().llama_vq_server_kv_cache(self._h))
 
     @property
     def loop_alive(self) -> bool:

@@ -294,6 +294,39 @@ int llama_vq_server_load(llama_vq_server * srv) {
     return -1;
 }
 
+char * llama_vq_server_kv_cache(const llama_vq_server * srv) {
+    try {
+        llama_context * ctx = srv->ctx_server.get_llama_context();
+        size_t k_bytes = 0;
+        size_t v_bytes = 0;
+        uint32_t n_cells = 0;
+        if (ctx == nullptr || !llama_kv_cache_size(ctx, &k_bytes, &v_bytes, &n_cells)) {
+            return nullptr;
+        }
+        json doc = {
+            {"type_k",     ggml_type_name(srv->params.cache_type_k)},
+            {"type_v",     ggml_type_name(srv->params.cache_type_v)},
+            {"n_cells",    n_cells},
+            {"k_bytes",    k_bytes},
+            {"v_bytes",    v_bytes},
+            {"flash_attn", (int) llama_vq_flash_attn_type(ctx)},
+        };
+        ggml_type type_k_swa = GGML_TYPE_F16;
+        ggml_type type_v_swa = GGML_TYPE_F16;
+        size_t swa_k_bytes = 0;
+        size_t swa_v_bytes = 0;
+        if (llama_vq_kv_cache_swa(ctx, &type_k_swa, &type_v_swa, &swa_k_bytes, &swa_v_bytes)) {
+            doc["type_k_swa"]  = ggml_type_name(type_k_swa);
+            doc["type_v_swa"]  = ggml_type_name(type_v_swa);
+            doc["swa_k_bytes"] = swa_k_bytes;
+            doc["swa_v_bytes"] = swa_v_bytes;
+        }
+        return dup_string(doc.dump());
+    } catch (...) {
+        return nullptr;
+    }
+}
+
 char * llama_vq_server_state(const llama_vq_server * srv) {
     std::lock_guard<std::mutex> lock(srv->mtx);
     return dup_string(json{{"state", state_name(srv->state)}, {"progress", srv->progress}}.dump());

