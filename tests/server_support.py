@@ -37,7 +37,7 @@ class ServerProcess:
 
     def __init__(
         self,
-        model: Path,
+        model: Path | None,
         *flags: str,
         log_dir: Path,
         env: dict[str, str] | None = None,
@@ -53,8 +53,7 @@ class ServerProcess:
             sys.executable,
             "-m",
             "llama_vq.server.cli",
-            "--model",
-            str(model),
+            *(["--model", str(model)] if model is not None else []),  # None: the embedded default model
             "--port",
             str(self.port),
             "--ctx-size",
@@ -133,7 +132,7 @@ _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
 @contextmanager
-def running(model: Path, *args: str, **kw: Any) -> Iterator[ServerProcess]:
+def running(model: Path | None, *args: str, **kw: Any) -> Iterator[ServerProcess]:
     """A started and ready server for a fixture's lifetime; stopped after, also when the start fails."""
     s = ServerProcess(model, *args, **kw)
     try:

@@ -45,6 +45,19 @@ def test_server_prints_one_kv_cache_line_with_types_attention_and_bytes(llama_vq
     assert ratio == round(f16 / quant, 2) and ratio > 2  # q8_0 K + q4_0 V: (2 + 2) / (34/32 + 18/32) = 2.46
 
 
+@pytest.mark.slow
+def test_the_embedded_model_is_served_with_a_quantized_v_unless_the_user_names_the_types(tmp_path):
+    with running(None, log_dir=tmp_path / "default") as srv:
+        log = srv.log()
+    (line,) = [line for line in log.splitlines() if "KV cache:" in line]
+    # no flags: q8_0 K / q4_0 V, and -fa auto resolves to llama-vq's attention on the CPU
+    assert "KV cache: K q8_0, V q4_0, " in line and "attention: off" in line, line
+    with running(None, "-ctv", "f16", log_dir=tmp_path / "f16") as srv:
+        log = srv.log()
+    (line,) = [line for line in log.splitlines() if "KV cache:" in line]
+    assert "K f16, V f16" in line, line  # the user's choice stands, and the other type keeps llama.cpp's default
+
+
 def test_kv_cache_line_counts_sliding_window_layers_in_their_own_types():
     kv = {
         "type_k": "q8_0",

@@ -147,6 +147,19 @@ def _names_model(argv: list[str]) -> bool:
     return any(os.environ.get(v) for v in ("LLAMA_ARG_MODEL", "LLAMA_ARG_MODEL_URL", "LLAMA_ARG_HF_REPO"))
 
 
+# the embedded default model's KV cache types when the user names none: q8_0 K / q4_0 V (2.46x smaller than f16)
+EMBEDDED_CACHE_TYPES = {"k": "q8_0", "v": "q4_0"}
+
+
+def _default_cache_types(argv: list[str]) -> list[str]:
+    """llama-server flags for the embedded model's K and V types; none when the user set either type."""
+    flags = ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v")
+    env = ("LLAMA_ARG_CACHE_TYPE_K", "LLAMA_ARG_CACHE_TYPE_V")
+    if any(a.split("=", 1)[0] in flags for a in argv) or any(os.environ.get(v) for v in env):
+        return []
+    return ["-ctk", EMBEDDED_CACHE_TYPES["k"], "-ctv", EMBEDDED_CACHE_TYPES["v"]]
+
+
 def _where(settings: Settings) -> str:
     if settings.host.endswith(".sock"):
         return settings.host
@@ -168,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         import llama_vq
 
         default = str(llama_vq.default_model_path())
-        log.info("no -m/--model: serving the embedded default model %s", default)
         llama_argv += ["-m", default]
+        # what the product is for: the embedded model's cache with a quantized V, unless the user chose the types
+        # (-fa stays auto: flash attention for prompt batches on an accelerator, llama-vq's attention otherwise)
+        llama_argv += _default_cache_types(llama_argv)
+        log.info("no -m/--model: serving the embedded default model %s", default)
     if ours.get("state_dir") and "--slot-save-path" not in llama_argv:
         # slot files are how the state dir saves and restores (state_dir.py); llama.cpp's parser wants the folder
         state_path = os.path.expanduser(str(ours["state_dir"]))
