@@ -121,7 +121,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    hip_build_support.stop()
+    hip_build_support.stop_session_build()
 
 
 @pytest.hookimpl(hookwrapper=True)
