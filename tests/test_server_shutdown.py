@@ -20,7 +20,7 @@ import httpx
 import pytest
 from server_support import ServerProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 CHAT = [{"role": "user", "content": "Count from one to one thousand."}]
 STREAMS = {

@@ -93,6 +93,7 @@ def _server_decode(url: str, pid: int, threads: int) -> tuple[float, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_decode_at_every_core_keeps_llama_bench_speed_and_never_sleeps_at_barriers(smollm2_path, tmp_path):
     cores = _cores()
     with running(smollm2_path, "-t", str(cores), "-np", "1", *CACHE, log_dir=tmp_path) as srv:

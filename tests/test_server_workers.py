@@ -20,7 +20,7 @@ import httpx
 import pytest
 from server_support import running
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 N_GENERATIONS = 120
 N_PROBES = 200
