@@ -26,7 +26,8 @@ relative template paths resolve. As upstream's tests.sh, tests marked slow are l
 the report gives each module's counts for both servers side by side.
 
 Each pytest runs under `nice -n 10` with pytest-timeout's per-test limit; needs pytest-timeout,
-requests, wget, filelock, aiohttp, openai, prometheus_client, numpy in the running interpreter.
+requests, wget, filelock, aiohttp, openai, prometheus_client, numpy in the running interpreter
+(`pip install "llama-vq[test,upstream-suite]"`).
 
 Usage:
   python benchmarks/upstream_suite.py [--servers llama-server,llama-vq-server] [--modules a,b]
