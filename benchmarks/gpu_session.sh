@@ -46,6 +46,16 @@ use_python() {
 
 built() { [ -f "$B/.done" ]; }
 
+# the split's cost per chunk: the 8B shape at depth 8K, pp512 without flash attention, under four scratch budgets
+scratch_sweep() {
+    log "the split's cost: 8B shape at 8K, pp512 without flash attention, budgets 512 (unsplit), 256, 128, 64 MiB"
+    for mib in 512 256 128 64; do
+        LLAMA_VQ_ATTN_SCRATCH_MIB=$mib "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa off -ctk q4_0 -ctv q4_0 \
+            -d 8192 -p 512 -n 0 -r 1 -o jsonl 2>/dev/null | python3 -c "import json,sys
+for l in sys.stdin: r=json.loads(l); print('scratch $mib MiB: pp512 @ d8192', round(r['avg_ts'], 1))" | tee -a "$OUT/$PHASE.txt"
+    done
+}
+
 case "$PHASE" in
 build)
     nproc
@@ -99,12 +109,7 @@ attn2)
     wait_model mimo
     python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo \
         --ctk q8_0 --ctv q4_1 --depths 0,65536 --reps 1 --buffers 131072 --out "$OUT" 2>&1 | tee -a "$OUT/$PHASE.txt"
-    log "the split's cost: 8B shape at 8K, pp512 without flash attention, budgets 512 (unsplit), 256, 128, 64 MiB"
-    for mib in 512 256 128 64; do
-        LLAMA_VQ_ATTN_SCRATCH_MIB=$mib "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa off -ctk q4_0 -ctv q4_0 \
-            -d 8192 -p 512 -n 0 -r 1 -o jsonl 2>/dev/null | python3 -c "import json,sys
-for l in sys.stdin: r=json.loads(l); print('scratch $mib MiB: pp512 @ d8192', round(r['avg_ts'], 1))" | tee -a "$OUT/$PHASE.txt"
-    done
+    scratch_sweep
     use_python
     log "fidelity of the modes on the GPU"
     "$PY" "$here/benchmarks/attn_fidelity.py" --gpu --model "llama-tiny=$M/synth-llama-tiny.gguf" \
@@ -136,12 +141,7 @@ attn3)
         --ctk q8_0 --ctv q4_1 --depths 0,65536 --modes off,unbounded,prefill --reps 1 --buffers 131072 \
         --buffer-modes off,prefill,on --out "$OUT" 2>&1 | tee -a "$OUT/$PHASE.txt"
     wait_model llama8b
-    log "the split's cost: 8B shape at 8K, pp512 without flash attention, budgets 512 (unsplit), 256, 128, 64 MiB"
-    for mib in 512 256 128 64; do
-        LLAMA_VQ_ATTN_SCRATCH_MIB=$mib "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa off -ctk q4_0 -ctv q4_0 \
-            -d 8192 -p 512 -n 0 -r 1 -o jsonl 2>/dev/null | python3 -c "import json,sys
-for l in sys.stdin: r=json.loads(l); print('scratch $mib MiB: pp512 @ d8192', round(r['avg_ts'], 1))" | tee -a "$OUT/$PHASE.txt"
-    done
+    scratch_sweep
     ;;
 serve)
     built || { log "not built"; exit 1; }
