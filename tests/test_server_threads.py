@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from server_support import running
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from serve_process import thread_counters  # noqa: E402  (the per-thread counters serve_bench.py reports)
 
 N_PREDICT = 128
 CACHE = ["-ctk", "q8_0", "-ctv", "q4_0", "-fa", "off"]  # the deployment's non-FA quantized cache
@@ -59,31 +63,17 @@ def _llama_bench_decode(model: Path, threads: int) -> float:
     return max(row["samples_ts"])
 
 
-def _threads(pid: int) -> dict[str, tuple[int, int]]:
-    """Per thread of pid: (CPU time in clock ticks, voluntary context switches)."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            status = (task / "status").read_text().splitlines()
-        except OSError:  # the thread ended meanwhile
-            continue
-        vcsw = next(int(ln.split()[1]) for ln in status if ln.startswith("voluntary_ctxt_switches"))
-        out[task.name] = (int(fields[11]) + int(fields[12]), vcsw)
-    return out
-
-
 def _server_decode(url: str, pid: int, threads: int) -> tuple[float, float]:
     """One greedy /completion of N_PREDICT tokens: (the engine's decode rate in tok/s, voluntary context switches
     per token of the `threads` threads that used the most CPU during it)."""
-    before = _threads(pid)
+    before = thread_counters(pid)
     r = httpx.post(
         url + "/completion",
         timeout=300,
         json={"prompt": "Once upon a time", "n_predict": N_PREDICT, "temperature": 0, "ignore_eos": True},
     )
     r.raise_for_status()
-    after = _threads(pid)
+    after = thread_counters(pid)
     timings = r.json()["timings"]
     assert timings["predicted_n"] == N_PREDICT
     busiest = sorted(
