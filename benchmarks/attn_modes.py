@@ -48,20 +48,15 @@ def _env(extra: list[str], mode: str) -> dict[str, str]:
     return env
 
 
+def _model_args(a: argparse.Namespace, tool: str, mode: str) -> list[str]:
+    """TOOL's command line up to what both tools share: the model, its layers, the mode and the cache types."""
+    return [str(a.bin / tool), "-m", str(a.model), "-ngl", str(a.ngl), "-fa", FA[mode], "-ctk", a.ctk, "-ctv", a.ctv]
+
+
 def bench(a: argparse.Namespace, mode: str, depth: int, pp: int, tg: int, log) -> list[dict]:
     """llama-bench records (jsonl) of one mode at one depth; [] when it failed (the reason is logged)."""
     cmd = [
-        str(a.bin / "llama-bench"),
-        "-m",
-        str(a.model),
-        "-ngl",
-        str(a.ngl),
-        "-fa",
-        FA[mode],
-        "-ctk",
-        a.ctk,
-        "-ctv",
-        a.ctv,
+        *_model_args(a, "llama-bench", mode),
         "-d",
         str(depth),
         "-p",
@@ -101,17 +96,7 @@ def _free_port() -> int:
 def buffers(a: argparse.Namespace, mode: str, n_ctx: int, ubatch: int, log) -> dict[str, float]:
     """MiB of each device's compute buffer (and KV cache) as llama-server logs them at start-up with -v."""
     cmd = [
-        str(a.bin / "llama-server"),
-        "-m",
-        str(a.model),
-        "-ngl",
-        str(a.ngl),
-        "-fa",
-        FA[mode],
-        "-ctk",
-        a.ctk,
-        "-ctv",
-        a.ctv,
+        *_model_args(a, "llama-server", mode),
         "-c",
         str(n_ctx),
         "-ub",
