@@ -17,6 +17,9 @@
 #   PHASE=ops    ...   every op of ours against the CPU (mi210.sh step 2, NVIDIA default and HIP settings), ATTN_SPLIT
 #   PHASE=attn3  ...   the split non-FA attention after its fixes: off against unbounded (MiMo 0/64K),
 #                      compute buffers at 128K, the cost per chunk (8B at 8K)
+#   PHASE=attn4  ...   the split after the f16 mask and V*P's split-K: op tests, perf with and without split-K,
+#                      attn3's measurements
+#   PHASE=hipsplit ... the four attention modes on the MiMo shape at 0/64K under the HIP path's settings
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
 #                      MoE with its experts in CPU memory, -t = every core, llama-vq-server against llama-server)
 #   PHASE=split  ...   two GPUs: MiMo's layer split against one GPU (benchmarks/two_gpu.py; both GPUs visible)
@@ -27,7 +30,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, ops, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -143,6 +146,46 @@ attn3)
     wait_model llama8b
     scratch_sweep
     ;;
+attn4)
+    # the split after the f16 mask (one copy per graph and device) and V*P's split-K GEMM: our ops against the CPU
+    # (NVIDIA default and the HIP path's F16 GEMM), the chunk's V*P and the split graph timed with and without
+    # split-K, then attn3's measurements
+    built || { log "not built"; exit 1; }
+    for f16 in 0 1; do
+        for op in ATTN_SPLIT OUT_PROD; do
+            LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16 timeout 200 "$bin/test-backend-ops" test -b CUDA0 -o $op \
+                > "$OUT/tbo-$op-f16gemm$f16.log" 2>&1
+            log "$op (LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16): $(grep -E 'tests passed|FAIL' "$OUT/tbo-$op-f16gemm$f16.log" \
+                | sort | uniq -c | head -3 | tr '\n' ' ')"
+        done
+    done
+    for sk in 1 0; do
+        log "perf, LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk: MiMo full layer at 64K cells, V*P of a 16-token chunk and of 512 tokens; split and unsplit graphs"
+        LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD \
+            -p 'n_kv=65536,n_head_kv=4,gqa=16,n_tokens=(16|512),' 2>&1 | grep -E "OUT_PROD" | tee -a "$OUT/$PHASE.txt"
+        LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_SPLIT,ATTN_DECODE_FUSED \
+            -p 'n_kv=65536,n_tokens=512' 2>&1 | grep -E "ATTN_" | tee -a "$OUT/$PHASE.txt"
+    done
+    wait_model mimo
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-split2 \
+        --ctk q8_0 --ctv q4_1 --depths 0,65536 --modes off,unbounded,prefill --reps 1 --buffers 131072 \
+        --buffer-modes off,prefill,on --out "$OUT" 2>&1 | tee -a "$OUT/$PHASE.txt"
+    log "the same split without split-K (LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0)"
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-split2-nosplitk \
+        --ctk q8_0 --ctv q4_1 --depths 65536 --modes off --reps 1 --out "$OUT" \
+        --env LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0 2>&1 | tee -a "$OUT/$PHASE.txt"
+    wait_model llama8b
+    scratch_sweep
+    ;;
+hipsplit)
+    # the split and prefill modes under the HIP path's settings (PROXY=cuda of mi210.sh): not a gfx90a result
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-split2-hip-proxy \
+        --ctk q8_0 --ctv q4_1 --depths 0,65536 --modes off,unbounded,prefill,on --reps 1 --out "$OUT" \
+        --env LLAMA_VQ_CUDA_FUSED_ATTN=1 --env LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 --env LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
+        --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
+    ;;
 serve)
     built || { log "not built"; exit 1; }
     wait_model cpu-moe
@@ -159,6 +202,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, ops, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

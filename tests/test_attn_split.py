@@ -179,3 +179,58 @@ def test_one_token_chunks_are_as_close_to_f16_as_the_unsplit_graph(llama_vq, smo
     print(f"\nq8_0/q4_0 vs f16: unsplit {unsplit}\n  one-token chunks {split}\n  floor (f16 FA off vs on) {floor}")
     assert split.kl_mean <= unsplit.kl_mean + floor.kl_mean
     assert split.top1 >= unsplit.top1 - (1 - floor.top1)
+
+
+def test_split_attention_on_another_device_holds_one_f16_mask(llama_vq, smollm2_path, scratch, free_port, tmp_path):
+    """With the layers on another device (an rpc-server here, as a GPU is to the scheduler) the mask is a host input
+    of which the device gets its own copies: the split must view one f16 copy per device, made once per graph, not
+    a copy per chunk (SmolLM2 at 16K cells, 16 MiB budget: 993 MiB) or an f32 copy per layer (113 MiB). Measured:
+    the device's compute buffer is flash attention's plus at most the budget, the host's is flash attention's."""
+    import re
+    import socket
+    import subprocess
+    import time
+
+    from llama_vq import _logs
+    from llama_vq._binding import BIN_DIR
+
+    budget = 16 << 20
+    kw = dict(n_ctx=16384, n_batch=512, n_ubatch=512, type_k="q8_0", type_v="q4_0", n_gpu_layers=999)
+    line = re.compile(r"sched_reserve:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
+    log = tmp_path / "rpc-server.log"
+    with log.open("wb") as f:
+        rpc = subprocess.Popen(
+            [str(BIN_DIR / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(free_port), "-t", "1"],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        end = time.monotonic() + 30
+        while True:
+            assert rpc.poll() is None, log.read_text(errors="replace")
+            try:
+                socket.create_connection(("127.0.0.1", free_port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < end, "rpc-server not listening after 30 s"
+                time.sleep(0.05)
+        sizes = {}
+        for name, fa, b in (("flash attention", True, 0), ("unsplit", False, 4096 << 20), ("split", False, budget)):
+            scratch(b)
+            with _logs.Capture() as cap:
+                llm = make(llama_vq, smollm2_path, flash_attn=fa, rpc_servers=f"127.0.0.1:{free_port}", **kw)
+            del llm
+            found = {dev: float(mib) for dev, mib in line.findall(cap.text())}
+            assert set(found) == {"RPC0", "CPU"}, cap.text()[-2000:]
+            sizes[name] = found
+    finally:
+        rpc.kill()
+        rpc.wait()
+    print(f"\ncompute buffers (MiB): {sizes}")
+    scores = 16384 * 512 * 9 * 4 / 2**20
+    fa, unsplit, split = sizes["flash attention"], sizes["unsplit"], sizes["split"]
+    assert unsplit["RPC0"] >= fa["RPC0"] + scores / 2, "the unsplit graph should hold the scores on the device"
+    assert split["RPC0"] <= fa["RPC0"] + budget / 2**20
+    assert split["RPC0"] <= 1.5 * fa["RPC0"]
+    # the host holds the input mask: f16 as flash attention's (an f32 mask would take 16 MiB more)
+    assert split["CPU"] <= fa["CPU"]

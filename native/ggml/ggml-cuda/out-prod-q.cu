@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 // OUT_PROD with a quantized src0, typically a row-major quantized V cache:
@@ -219,6 +220,24 @@ static void out_prod_q_vec_launch(
         nb01, nb02, nb03, s10, s11, s12, s13, s1, s2, s3, chunk_rows);
 }
 
+// k segments of the GEMM path (1: none): enough ~128 x 128 dst tiles for two per SM, each segment at least
+// OUT_PROD_Q_SPLIT_K_MIN values of k long, at most OUT_PROD_Q_SPLIT_K_MAX segments
+#define OUT_PROD_Q_SPLIT_K_MIN 2048
+#define OUT_PROD_Q_SPLIT_K_MAX 64
+// (LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0: never, for side-by-side measurements)
+static int64_t out_prod_q_gemm_splits(const int64_t m, const int64_t n, const int64_t k, const int64_t nmat, const int nsm) {
+    static const bool enabled = [] {
+        const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K");
+        return env == nullptr || atoi(env) != 0;
+    }();
+    const int64_t tiles = ((m + 127)/128)*((n + 127)/128)*nmat;
+    if (!enabled || tiles >= 2*nsm || k < 2*OUT_PROD_Q_SPLIT_K_MIN) {
+        return 1;
+    }
+    const int64_t want = (2*nsm + tiles - 1)/tiles;
+    return std::max<int64_t>(1, std::min({want, k/OUT_PROD_Q_SPLIT_K_MIN, (int64_t) OUT_PROD_Q_SPLIT_K_MAX}));
+}
+
 template <typename T>
 static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * src0 = dst->src[0];
@@ -253,13 +272,41 @@ static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) 
     }
 
     cublasHandle_t handle = ctx.cublas_handle();
-    for (int64_t i3 = 0; i3 < ne3; ++i3) {
-        gemm_strided_batched_cuda<T>(handle, false, ne0, ne1*dps2, ne01,
-                src0_t.get() + (i3/dps3)*ne02*ne01*ne00, ne00, ne01*ne00,
-                src1_t_ptr   +  i3*ne2*ne1*ne11,         ne11, dps2*ne1*ne11,
-                (float *) dst->data + i3*ne2*ne1*ne0,    ne0,  dps2*ne1*ne0,
-                ne02);
+    const int64_t nsplit = out_prod_q_gemm_splits(ne0, ne1*dps2, ne01, ne02*ne3, ggml_cuda_info().devices[ggml_cuda_get_device()].nsm);
+    if (nsplit == 1) {
+        for (int64_t i3 = 0; i3 < ne3; ++i3) {
+            gemm_strided_batched_cuda<T>(handle, false, ne0, ne1*dps2, ne01,
+                    src0_t.get() + (i3/dps3)*ne02*ne01*ne00, ne00, ne01*ne00,
+                    src1_t_ptr   +  i3*ne2*ne1*ne11,         ne11, dps2*ne1*ne11,
+                    (float *) dst->data + i3*ne2*ne1*ne0,    ne0,  dps2*ne1*ne0,
+                    ne02);
+        }
+        return;
     }
+
+    // split-K: few dst tiles over a long k (the split attention's chunk: 128 x 256 per KV head over 64K-128K cells)
+    // would leave most SMs idle, so k is cut into nsplit segments, one partial dst per segment (one strided-batched
+    // GEMM per src0 matrix over its segments, the last segment's remainder its own GEMM), summed afterwards
+    const int64_t ne    = ggml_nelements(dst);
+    const int64_t kseg  = (ne01 + nsplit - 1)/nsplit;
+    const int64_t nfull = ne01/kseg;
+    const int64_t krem  = ne01 - nfull*kseg;
+    const int64_t nseg  = nfull + (krem > 0);
+    ggml_cuda_pool_alloc<float> part(ctx.pool(), nseg*ne);
+    for (int64_t i3 = 0; i3 < ne3; ++i3) {
+        for (int64_t i02 = 0; i02 < ne02; ++i02) {
+            const T * a = src0_t.get() + ((i3/dps3)*ne02 + i02)*ne01*ne00;
+            const T * b = src1_t_ptr   + i3*ne2*ne1*ne11 + i02*dps2*ne1*ne11;
+            float   * c = part.get()   + i3*ne2*ne1*ne0  + i02*dps2*ne1*ne0;
+            gemm_strided_batched_cuda<T>(handle, false, ne0, ne1*dps2, kseg,
+                    a, ne00, kseg*ne00, b, ne11, kseg, c, ne0, ne, nfull);
+            if (krem > 0) {
+                gemm_strided_batched_cuda<T>(handle, false, ne0, ne1*dps2, krem,
+                        a + nfull*kseg*ne00, ne00, 0, b + nfull*kseg, ne11, 0, c + nfull*ne, ne0, 0, 1);
+            }
+        }
+    }
+    out_prod_q_combine_cuda(part.get(), (float *) dst->data, ne, (int) nseg, stream);
 }
 
 template <ggml_type type>

@@ -672,7 +672,7 @@ struct test_attn_split : public test_attn_decode_fused {
     const int64_t chunk;
 
     std::string vars() override {
-        return VARS_TO_STR11(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, n_stream, chunk);
+        return VARS_TO_STR12(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, n_stream, chunk, type_mask);
     }
 
     std::string op_desc(ggml_tensor * t) override {
@@ -681,8 +681,9 @@ struct test_attn_split : public test_attn_decode_fused {
     }
 
     test_attn_split(ggml_type type_k, ggml_type type_v, int64_t d_k, int64_t d_v, int64_t n_head, int64_t n_head_kv,
-            int64_t n_kv, int64_t n_tokens, bool sinks, int64_t n_stream, int64_t chunk)
-        : test_attn_decode_fused(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, 0, n_stream),
+            int64_t n_kv, int64_t n_tokens, bool sinks, int64_t n_stream, int64_t chunk,
+            ggml_type type_mask = GGML_TYPE_F32) // f16: llama.cpp's input mask when the attention is split
+        : test_attn_decode_fused(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, 0, n_stream, type_mask),
           chunk(chunk) {}
 
     ggml_tensor * build_graph(ggml_context * ctx) override {
@@ -931,6 +932,11 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  256,   5, false, 1,   1));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  512,  20, false, 2,   8));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  20, true,  2,   8));
+    // the f16 mask llama.cpp gives the split attention; on CUDA V*P's k cut into segments (8-token chunks: 128
+    // columns per V, the GEMM path): 2 of 2048 cells, and 3 of 2167 (the last segment shorter)
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 4096,  40, false, 1,   8, GGML_TYPE_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 6500,  24, false, 1,   8, GGML_TYPE_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  20, true,  2,   8, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_F16,  GGML_TYPE_F16,   64,  64,  9, 3,  512,  20, false, 2,   8));
 }
 
@@ -959,6 +965,15 @@ static void llama_vq_test_cases_perf(std::vector<std::unique_ptr<test_case>> & t
             }
         }
     }
+
+    // the split attention at MiMo's full-attention layers, depth 64K, a 512-token batch: V*P of one 16-token chunk
+    // (256 columns per V over 64K cells: the GEMM's k split) against the whole batch's; the split graph against the
+    // unsplit one
+    for (int64_t n_tokens : {16, 512}) {
+        test_cases.emplace_back(new test_out_prod_kqv(GGML_TYPE_Q4_1, 128, 65536, 4, 16, n_tokens, 1));
+    }
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 1, 16, GGML_TYPE_F16));
+    test_cases.emplace_back(new test_attn_decode_fused(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 0, 1, GGML_TYPE_F16));
 
     // non-FA attention K*Q at the same shapes: quantized K against f16 K
     for (int64_t n_kv : {8192, 32768}) {

@@ -60,6 +60,26 @@ static inline int64_t llama_vq_attn_split_nodes(int64_t n_kv, int64_t n_tokens, 
     return n_stream * (n_chunks * per_chunk + per_stream) + 4;
 }
 
+// whether a batch's mask should be f16 (as flash attention's input is): the split attention will view it, and half
+// the bytes are held on each device; the mask's values (0 and -inf) are exact in f16, ALiBi's distances are not
+static inline bool llama_vq_attn_split_f16_mask(int64_t n_kv, int64_t n_tokens, int64_t n_head, int64_t n_stream,
+                                                size_t scratch, bool alibi) {
+    return !alibi && n_head > 0 && llama_vq_attn_split_chunks(n_kv, n_tokens, n_head, n_stream, scratch) > 1;
+}
+
+// The mask the split attention of a layer views: a copy of the graph's input mask made on the layer's device (a
+// view of the input itself would be copied once per chunk, and every copy held through the graph split); none on
+// a host device, whose ops read the input where it is. One per graph and device: the caller keeps it for the
+// graph's other layers.
+static inline ggml_tensor * llama_vq_attn_split_mask(ggml_context * ctx, ggml_tensor * mask, bool host) {
+    if (host) {
+        return mask;
+    }
+    ggml_tensor * res = ggml_cont(ctx, mask);
+    ggml_format_name(res, "kq_mask_split-%s", mask->name);
+    return res;
+}
+
 static inline void llama_vq_attn_name(ggml_tensor * t, const char * name, int il, int64_t s, int64_t t0) {
     if (il >= 0) {
         ggml_format_name(t, "%s-%d-s%" PRId64 "-t%" PRId64, name, il, s, t0);
@@ -73,7 +93,9 @@ static inline void llama_vq_attn_name(ggml_tensor * t, const char * name, int il
 //   k:     [d_k, n_kv, n_head_kv, n_stream]
 //   v:     [d_v, n_kv, n_head_kv, n_stream], row-major (a quantized V), or
 //          [n_kv, d_v, n_head_kv, n_stream] when v_trans (a transposed f16/f32 V cache)
-//   mask:  [n_kv, >= n_tokens, 1, n_stream]
+//   mask:  [n_kv, >= n_tokens, 1, n_stream], f32 or f16, on the device of the layer's ops: the chunks view it, and a
+//          backend gets its own copy of every tensor from another device that its ops read, held for the whole graph
+//          split, so views of a host input would each be copied (llama_vq_attn_split_mask makes the one copy)
 //   kq_b:  nullptr or [n_kv, n_tokens, n_head, 1]  (added to the scores before the softmax; one stream only)
 //   sinks: nullptr or [n_head]
 //   v_mla: nullptr or MLA's per-head decompression [d_v, d_v_mla, n_head]
@@ -105,13 +127,6 @@ static inline ggml_tensor * llama_vq_attn_split(
     }
     const int64_t r   = n_head / n_head_kv; // query heads per KV head: head h reads KV head h / r
     const int64_t d_v = v_trans ? v->ne[1] : v->ne[0];
-
-    // The mask is a graph input, kept in host memory. A backend on another device gets its own copy of each input
-    // tensor its ops read, alive for the whole graph split: the chunks' views of the mask would each be copied and
-    // all be held at once (the whole mask again per layer). One copy of the mask made on the layer's device, which
-    // the chunks then view, costs the mask's bytes once per layer, freed with the layer.
-    mask = ggml_cont(ctx, mask);
-    llama_vq_attn_name(mask, "kq_mask_split", p.il, 0, 0);
 
     ggml_tensor * out = nullptr; // [d_v, n_head, n_tokens, n_stream]
 
@@ -151,7 +166,8 @@ static inline ggml_tensor * llama_vq_attn_split(
             }
 
             ggml_tensor * mc = ggml_view_3d(ctx, mask, n_kv, nc, 1, mask->nb[1], mask->nb[2], s*mask->nb[3] + t0*mask->nb[1]);
-            kq = ggml_soft_max_ext(ctx, kq, mc, p.kq_scale, p.max_bias);
+            // in place: one chunk's scores take the budget once, not twice
+            kq = ggml_soft_max_ext_inplace(ctx, kq, mc, p.kq_scale, p.max_bias);
             ggml_soft_max_add_sinks(kq, sinks);
             llama_vq_attn_name(kq, "kq_soft_max", p.il, s, t0);
 
