@@ -29,7 +29,8 @@ def _form(srv, path: str, fields: list[tuple[str, str]]) -> httpx.Response:  # n
 
 @pytest.fixture(scope="module")
 def srv(smollm2_path, tmp_path_factory):
-    with running(smollm2_path, "-n", "4", log_dir=tmp_path_factory.mktemp("multipart")) as s:
+    # --ignore-eos: every generation is the 4 tokens of -n (sampling may otherwise end one early at an EOS)
+    with running(smollm2_path, "-n", "4", "--ignore-eos", log_dir=tmp_path_factory.mktemp("multipart")) as s:
         yield s
 
 
