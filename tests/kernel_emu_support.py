@@ -108,34 +108,49 @@ class Build:
         return self.tmp / f"{Path(self.harness).stem}-{self.surface}-{self.sanitize.replace(',', '-')}"
 
     def command(self) -> list[str]:
+        """The compile (through ccache) and the link, as one `sh -c` run from the checkout's root. Every path in the
+        compile is relative to the root and its debug info maps the root to ".", so the command line is the same in
+        every clone of the repository: a fresh clone on a machine whose ccache holds these compiles hits it."""
         parts, src = stable_sources(self.incs, ggml_src_dir())
+        stable = src.parent.parent
         cmd = [
             compiler(),
             "-std=c++20",
             "-O1",
             "-g",
+            f"-fdebug-prefix-map={ROOT}=.",
             "-pthread",
             f"-fsanitize={self.sanitize}",
             "-I",
-            str(EMU / "include"),
+            _rel(EMU / "include"),
             "-I",
-            str(src.parent / "include"),
+            _rel(src.parent / "include"),
             "-I",
-            str(src),
+            _rel(src),
             "-I",
-            str(EMU),
+            _rel(EMU),
+            "-iquote",
+            _rel(stable),
         ]
         if "undefined" in self.sanitize:
             cmd.append("-fno-sanitize-recover=undefined")
         if self.surface == "hip":
             cmd.append("-DGGML_USE_HIP")
-        cmd += [f'-D{k}="{v}"' for k, v in parts.items()]
-        cmd += [*self.extra, "-c", str(EMU / self.harness)]
+        cmd += [f'-D{k}="{v.relative_to(stable)}"' for k, v in parts.items()]  # found through -iquote
+        cmd += [*self.extra, "-c", _rel(EMU / self.harness)]
         obj = self.exe.with_name(self.exe.name + f"-{_digest(' '.join(cmd))}.o")  # ccache keys on the inputs, not -o
         ccache = [c] if (c := shutil.which("ccache")) else []
         link = [compiler(), "-pthread", f"-fsanitize={self.sanitize}", str(obj), "-o", str(self.exe)]
-        script = f"{shlex.join([*ccache, *cmd, '-o', str(obj)])} && {shlex.join(link)}"
+        # CCACHE_BASEDIR: ccache leaves the working directory (the root) out of the hash of a -g compile
+        script = (
+            f"cd {shlex.quote(str(ROOT))} && CCACHE_BASEDIR={shlex.quote(str(ROOT))} "
+            f"{shlex.join([*ccache, *cmd, '-o', str(obj)])} && {shlex.join(link)}"
+        )
         return ["nice", "-n", "5", "sh", "-c", script]
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
 
 
 def _digest(text: str | bytes) -> str:
