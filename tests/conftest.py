@@ -102,7 +102,9 @@ def pytest_report_header(config):
 
 def _order(item) -> int:
     """0: the suite; 1: tests/test_hip_build.py's tests that use the background gfx90a build (they wait for it);
-    2: the tests that measure speed or latency (marker `timing`), on a machine that the build has left."""
+    2: the tests that measure speed or latency (marker `timing`), on a machine that the build has left.
+    (scripts/run.sh test runs the whole suite as two sessions instead: the rest on pytest-xdist's workers, then the
+    `timing` tests alone.)"""
     if item.get_closest_marker("timing"):
         return 2
     return 1 if item.nodeid.split("::")[0].endswith("test_hip_build.py") else 0
@@ -112,16 +114,25 @@ def pytest_collection_modifyitems(config, items):
     items[:] = sorted(items, key=_order)  # stable: each group keeps the files' order
 
 
+def _xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def pytest_collection_finish(session):
     """The gfx90a build runs beside the suite, in the cores the tests leave idle (tests/hip_build_support.py)."""
     if not session.config.option.collectonly and any(
         item.nodeid.endswith(hip_build_support.BUILD_TEST) for item in session.items
     ):
-        hip_build_support.start_in_background()
+        hip_build_support.start_in_background(adopt_only=_xdist_worker(session.config))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    hip_build_support.stop_session_build()
+    if _xdist_worker(session.config):
+        hip_build_support.stop_session_build(keep_adopted=True)
+    elif session.config.pluginmanager.hasplugin("dsession"):  # pytest-xdist's controller: it runs no tests
+        hip_build_support.stop_run_sh_build()
+    else:
+        hip_build_support.stop_session_build()
 
 
 @pytest.hookimpl(hookwrapper=True)

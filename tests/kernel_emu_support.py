@@ -172,7 +172,10 @@ def stable_sources(incs: dict[str, Path], ggml_src: Path) -> tuple[dict[str, Pat
         dst = out / k
         if not dst.exists() or dst.read_bytes() != v:
             dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(v)
+            # written whole, then renamed: a compile of another pytest-xdist worker reads the old file or this one
+            part = dst.with_name(f".{dst.name}.{os.getpid()}")
+            part.write_bytes(v)
+            part.replace(dst)
     return {k: out / "parts" / v.name for k, v in incs.items()}, out / "ggml" / "src"
 
 
