@@ -86,9 +86,10 @@ case "$cmd" in
            PYTHON="$venv/bin/python" bash scripts/lint.sh
            [ $# -gt 0 ] && exec "$venv/bin/pytest" "$@"
            # the whole suite: one pytest-xdist worker per core, each taking whole files (a module's server or
-           # build stays one), then the tests that measure speed or latency (marker timing), alone
+           # build stays one) in collection order (conftest.py: the longest files first; xdist's default order
+           # is by number of tests), then the tests that measure speed or latency (marker timing), alone
            rc=0
-           "$venv/bin/pytest" -n "$(nproc)" --dist loadfile -m "not timing" || rc=$?
+           "$venv/bin/pytest" -n "$(nproc)" --dist loadfile --no-loadscope-reorder -m "not timing" || rc=$?
            "$venv/bin/pytest" -m timing || rc=$?
            exit $rc ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
