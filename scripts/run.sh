@@ -84,6 +84,13 @@ case "$cmd" in
            if [ $# -eq 0 ]; then export LLAMA_VQ_HIP_BUILD_DIR="$here/build/hip-background"; fi
            setup
            PYTHON="$venv/bin/python" bash scripts/lint.sh
-           exec "$venv/bin/pytest" "$@" ;;
+           [ $# -gt 0 ] && exec "$venv/bin/pytest" "$@"
+           # the whole suite: one pytest-xdist worker per core, each taking whole files (a module's server or
+           # build stays one) in collection order (conftest.py: the longest files first; xdist's default order
+           # is by number of tests), then the tests that measure speed or latency (marker timing), alone
+           rc=0
+           "$venv/bin/pytest" -n "$(nproc)" --dist loadfile --no-loadscope-reorder -m "not timing" || rc=$?
+           "$venv/bin/pytest" -m timing || rc=$?
+           exit $rc ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
 esac

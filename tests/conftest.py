@@ -100,16 +100,38 @@ def pytest_report_header(config):
         return [f"llama-vq: not importable ({e})"]
 
 
-def _order(item) -> int:
-    """0: the suite; 1: tests/test_hip_build.py's tests that use the background gfx90a build (they wait for it);
-    2: the tests that measure speed or latency (marker `timing`), on a machine that the build has left."""
+# The files that take minutes each (sanitizer compiles and runs, fresh venvs, the wheel's build, a 0.5B model), longest
+# first: pytest-xdist's workers take whole files in collection order, so that these go first and the workers end
+# together, instead of one running the longest file alone at the end.
+LONG_FILES = (
+    "test_fused_attn_kernel_emulation.py",
+    "test_packaging.py",
+    "test_wheels.py",
+    "test_kernel_emulation_wavefronts.py",
+    "test_chat_completion.py",
+    "test_kernel_emulation_mutations.py",
+)
+
+
+def _order(item) -> tuple[int, int]:
+    """0: the long files, longest first; 1: the rest of the suite; 2: tests/test_hip_build.py's tests that use the
+    background gfx90a build (they wait for it); 3: the tests that measure speed or latency (marker `timing`), on a
+    machine that the build has left. (scripts/run.sh test runs the whole suite as two sessions instead: the rest on
+    pytest-xdist's workers, then the `timing` tests alone.)"""
     if item.get_closest_marker("timing"):
-        return 2
-    return 1 if item.nodeid.split("::")[0].endswith("test_hip_build.py") else 0
+        return 3, 0
+    name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if name == "test_hip_build.py":
+        return 2, 0
+    return (0, LONG_FILES.index(name)) if name in LONG_FILES else (1, 0)
 
 
 def pytest_collection_modifyitems(config, items):
     items[:] = sorted(items, key=_order)  # stable: each group keeps the files' order
+
+
+def _xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_collection_finish(session):
@@ -117,11 +139,16 @@ def pytest_collection_finish(session):
     if not session.config.option.collectonly and any(
         item.nodeid.endswith(hip_build_support.BUILD_TEST) for item in session.items
     ):
-        hip_build_support.start_in_background()
+        hip_build_support.start_in_background(adopt_only=_xdist_worker(session.config))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    hip_build_support.stop_session_build()
+    if _xdist_worker(session.config):
+        hip_build_support.stop_session_build(keep_adopted=True)
+    elif session.config.pluginmanager.hasplugin("dsession"):  # pytest-xdist's controller: it runs no tests
+        hip_build_support.stop_run_sh_build()
+    else:
+        hip_build_support.stop_session_build()
 
 
 @pytest.hookimpl(hookwrapper=True)

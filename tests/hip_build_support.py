@@ -113,17 +113,20 @@ def stop(folder: Path) -> None:
 
 _procs: dict[Path, subprocess.Popen] = {}
 _folder: Path | None = None  # the build this session waits for, and stops if the session ends first
+_adopted = False  # _folder is scripts/run.sh's build (DIR_ENV), not one this process started
 
 
-def start_in_background() -> None:
-    """For a session that selected the build test: adopt scripts/run.sh's build (DIR_ENV), or start one."""
-    global _folder
+def start_in_background(adopt_only: bool = False) -> None:
+    """For a session that selected the build test: adopt scripts/run.sh's build (DIR_ENV), or start one (not with
+    adopt_only: a pytest-xdist worker, where every worker collects the build test and one runs it; result() starts
+    the build there)."""
+    global _folder, _adopted
     if _folder is not None or skip_reason() is not None:
         return
     env = os.environ.get(DIR_ENV)
     if env and (Path(env) / "pgid").exists():
-        _folder = Path(env)
-    else:
+        _folder, _adopted = Path(env), True
+    elif not adopt_only:
         _folder = Path(tempfile.mkdtemp(prefix="llama-vq-hip-build-"))
         start(_folder, nice=19)
 
@@ -137,9 +140,18 @@ def result() -> Result:
     return wait(_folder)
 
 
-def stop_session_build() -> None:
-    if _folder is not None:
+def stop_session_build(keep_adopted: bool = False) -> None:
+    """End this session's build if it still runs; keep_adopted leaves scripts/run.sh's build to the process that
+    owns the session (pytest-xdist's controller: stop_run_sh_build), as a worker that finishes first must not end
+    the build another worker is waiting for."""
+    if _folder is not None and not (keep_adopted and _adopted):
         stop(_folder)
+
+
+def stop_run_sh_build() -> None:
+    env = os.environ.get(DIR_ENV)
+    if env:
+        stop(Path(env))
 
 
 if __name__ == "__main__":

@@ -108,34 +108,49 @@ class Build:
         return self.tmp / f"{Path(self.harness).stem}-{self.surface}-{self.sanitize.replace(',', '-')}"
 
     def command(self) -> list[str]:
+        """The compile (through ccache) and the link, as one `sh -c` run from the checkout's root. Every path in the
+        compile is relative to the root and its debug info maps the root to ".", so the command line is the same in
+        every clone of the repository: a fresh clone on a machine whose ccache holds these compiles hits it."""
         parts, src = stable_sources(self.incs, ggml_src_dir())
+        stable = src.parent.parent
         cmd = [
             compiler(),
             "-std=c++20",
             "-O1",
             "-g",
+            f"-fdebug-prefix-map={ROOT}=.",
             "-pthread",
             f"-fsanitize={self.sanitize}",
             "-I",
-            str(EMU / "include"),
+            _rel(EMU / "include"),
             "-I",
-            str(src.parent / "include"),
+            _rel(src.parent / "include"),
             "-I",
-            str(src),
+            _rel(src),
             "-I",
-            str(EMU),
+            _rel(EMU),
+            "-iquote",
+            _rel(stable),
         ]
         if "undefined" in self.sanitize:
             cmd.append("-fno-sanitize-recover=undefined")
         if self.surface == "hip":
             cmd.append("-DGGML_USE_HIP")
-        cmd += [f'-D{k}="{v}"' for k, v in parts.items()]
-        cmd += [*self.extra, "-c", str(EMU / self.harness)]
+        cmd += [f'-D{k}="{v.relative_to(stable)}"' for k, v in parts.items()]  # found through -iquote
+        cmd += [*self.extra, "-c", _rel(EMU / self.harness)]
         obj = self.exe.with_name(self.exe.name + f"-{_digest(' '.join(cmd))}.o")  # ccache keys on the inputs, not -o
         ccache = [c] if (c := shutil.which("ccache")) else []
         link = [compiler(), "-pthread", f"-fsanitize={self.sanitize}", str(obj), "-o", str(self.exe)]
-        script = f"{shlex.join([*ccache, *cmd, '-o', str(obj)])} && {shlex.join(link)}"
+        # CCACHE_BASEDIR: ccache leaves the working directory (the root) out of the hash of a -g compile
+        script = (
+            f"cd {shlex.quote(str(ROOT))} && CCACHE_BASEDIR={shlex.quote(str(ROOT))} "
+            f"{shlex.join([*ccache, *cmd, '-o', str(obj)])} && {shlex.join(link)}"
+        )
         return ["nice", "-n", "5", "sh", "-c", script]
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
 
 
 def _digest(text: str | bytes) -> str:
@@ -157,7 +172,10 @@ def stable_sources(incs: dict[str, Path], ggml_src: Path) -> tuple[dict[str, Pat
         dst = out / k
         if not dst.exists() or dst.read_bytes() != v:
             dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(v)
+            # written whole, then renamed: a compile of another pytest-xdist worker reads the old file or this one
+            part = dst.with_name(f".{dst.name}.{os.getpid()}")
+            part.write_bytes(v)
+            part.replace(dst)
     return {k: out / "parts" / v.name for k, v in incs.items()}, out / "ggml" / "src"
 
 
@@ -189,11 +207,40 @@ def build_all(builds: list[Build]) -> list[Path]:
     return [b.exe for b in builds]
 
 
+_RUN_ENV = {"ASAN_OPTIONS": "detect_leaks=0", "TSAN_OPTIONS": "halt_on_error=1 exitcode=66"}
+
+
 def run(exe: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0", TSAN_OPTIONS="halt_on_error=1 exitcode=66")
     return subprocess.run(
-        ["nice", "-n", "5", str(exe), *args], capture_output=True, text=True, timeout=timeout, env=env
+        ["nice", "-n", "5", str(exe), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, **_RUN_ENV),
     )
+
+
+def run_all(exes: list[Path], timeout: int = 600) -> list[subprocess.CompletedProcess]:
+    """The binaries run at once, each as run() runs it: one harness's threads keep about 1.3 of 2 cores busy (its
+    blocks wait at barriers), two keep both. Output goes to files beside each binary, so that neither waits on a
+    pipe that nobody reads."""
+    procs = []
+    for exe in exes:
+        with open(f"{exe}.out", "w") as out, open(f"{exe}.err", "w") as err:
+            cmd = ["nice", "-n", "5", str(exe)]
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, **_RUN_ENV)))
+    try:
+        for proc in procs:
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, Path(f"{e}.out").read_text(), Path(f"{e}.err").read_text())
+        for p, e in zip(procs, exes, strict=True)
+    ]
 
 
 __all__ = [
@@ -209,5 +256,6 @@ __all__ = [
     "kernels_parts",
     "require_sources",
     "run",
+    "run_all",
     "write_part",
 ]

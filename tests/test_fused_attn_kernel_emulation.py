@@ -21,7 +21,7 @@ with the queries int8 per 32 values as the kernel's K*Q takes them (quantized in
 compiles it: 64-lane wavefronts, one tile buffer, the f32 V*P, 64 KiB of LDS: the one case past it is skipped as the
 host refuses it). Not covered: anything that differs between this emulation and a GPU (cp.async, the tensor cores'
 own accumulation order, memory model beyond barriers), and the graph matching in ggml-cuda.cu. CPU: one g++ compile
-per surface (~40-60 s) and ~3 min (CUDA) / ~1 min (HIP) of runs; both compiles at once.
+per surface (~40-60 s) and ~3 min (CUDA) / ~1 min (HIP) of runs; both compiles at once, then both runs at once.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from kernel_emu_support import (
     for_emulation,
     kernel_source,
     require_sources,
-    run,
+    run_all,
     write_part,
 )
 
@@ -55,19 +55,33 @@ def kernel_part(tmp: Path) -> dict[str, Path]:
     }
 
 
+SURFACES = ("cuda", "hip")
+
+
 @pytest.fixture(scope="module")
-def harnesses(tmp_path_factory):
-    """harness.cpp for both surfaces, compiled at once."""
+def harness_runs(tmp_path_factory):
+    """harness.cpp for both surfaces, compiled at once, then run at once: each surface's output."""
     require_sources()
     tmp = tmp_path_factory.mktemp("attn")
     incs = kernel_part(tmp)
-    surfaces = ("cuda", "hip")
-    return dict(zip(surfaces, build_all([Build(tmp, "harness.cpp", s, incs) for s in surfaces]), strict=True))
+    exes = build_all([Build(tmp, "harness.cpp", s, incs) for s in SURFACES])
+    return dict(zip(SURFACES, run_all(exes), strict=True))
+
+
+@pytest.fixture(scope="module")
+def thread_sanitizer_runs(tmp_path_factory):
+    """harness.cpp for both surfaces under ThreadSanitizer, compiled at once, then run at once (the CUDA surface's
+    run is the longer: ~4 min on 2 cores, the HIP one's ~2)."""
+    require_sources()
+    tmp = tmp_path_factory.mktemp("attn-tsan")
+    incs = kernel_part(tmp)
+    exes = build_all([Build(tmp, "harness.cpp", s, incs, sanitize="thread") for s in SURFACES])
+    return dict(zip(SURFACES, run_all(exes, timeout=1800), strict=True))
 
 
 @pytest.mark.slow
-def test_fused_attn_kernels_on_cpu_threads_match_float64(harnesses):
-    proc = run(harnesses["cuda"])
+def test_fused_attn_kernels_on_cpu_threads_match_float64(harness_runs):
+    proc = harness_runs["cuda"]
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "all passed" in proc.stdout
@@ -76,10 +90,10 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(harnesses):
 
 
 @pytest.mark.slow
-def test_fused_attn_f32_vp_is_correct_at_wavefront_64(harnesses):
+def test_fused_attn_f32_vp_is_correct_at_wavefront_64(harness_runs):
     """The form LLAMA_VQ_CUDA_FUSED_ATTN=1 gives a gfx90a build: f32 V*P, one tile buffer, 64-lane wavefronts (the
     kernels' shuffles of width 4 and 32 run inside halves of a wavefront), every shape that fits 64 KiB of LDS."""
-    proc = run(harnesses["hip"])
+    proc = harness_runs["hip"]
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "all passed" in proc.stdout
@@ -89,14 +103,12 @@ def test_fused_attn_f32_vp_is_correct_at_wavefront_64(harnesses):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("surface", ["hip", "cuda"])
-def test_fused_attn_kernels_are_race_free_under_thread_sanitizer(tmp_path, surface):
+def test_fused_attn_kernels_are_race_free_under_thread_sanitizer(thread_sanitizer_runs, surface):
     """Every case under ThreadSanitizer, at wavefront 64 (HIP) and warp 32 (CUDA, both V*P forms): no two threads
     touch a shared-memory cell without a barrier or a shuffle between them. The softmax phase once had the threads
     past the last column read the cells column nc-1's owners were rewriting (values discarded, a race all the same);
     they now read nothing."""
-    require_sources()
-    exe = build_all([Build(tmp_path, "harness.cpp", surface, kernel_part(tmp_path), sanitize="thread")])[0]
-    proc = run(exe, timeout=1800)
+    proc = thread_sanitizer_runs[surface]
     print(proc.stdout[-2000:])
     assert "ThreadSanitizer" not in proc.stderr, proc.stderr[-6000:]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -11,7 +11,9 @@
 Cost: the wheel reuses the suite's build directory (packaging only); the sdist install compiles the libraries
 again in pip's temporary build tree with the set-up build's compile flags (same backend, CPU features and
 options for the libraries), so every compile is a ccache hit (CCACHE_BASEDIR makes paths relative) and the
-cost is CMake's configure, the links and pip's downloads of build requirements when its cache is cold.
+cost is CMake's configure, the links and pip's downloads of build requirements when its cache is cold. The two
+installs run at once (fixture `installs`): the wheel's is mostly pip resolving dependencies against the index, the
+sdist's mostly the compile.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import tarfile
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -83,6 +86,55 @@ def dist(tmp_path_factory) -> Path:
     return out
 
 
+class _Install:
+    """A `pip install` into a fresh venv, started now and waited for by the test that checks it."""
+
+    def __init__(self, root: Path, args: list) -> None:
+        root.mkdir()
+        self.root, self.venv, self.away = root, root / "venv", root / "elsewhere"
+        self.away.mkdir()
+        self.py = _venv(self.venv)
+        self.cmd = [str(self.py), "-m", "pip", "install", *map(str, args)]
+        self.t0 = time.monotonic()
+        with (root / "pip.out").open("w") as out, (root / "pip.err").open("w") as err:
+            self.proc = subprocess.Popen(self.cmd, cwd=root, env=_clean_env(), stdout=out, stderr=err)
+
+    def wait(self) -> tuple[str, float]:
+        """pip's output (stdout, then stderr) and the install's wall seconds; fails as _run does."""
+        try:
+            self.proc.wait(timeout=3600)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        seconds = time.monotonic() - self.t0
+        out, err = (self.root / "pip.out").read_text(), (self.root / "pip.err").read_text()
+        assert self.proc.returncode == 0, (
+            f"{' '.join(self.cmd)} failed ({self.proc.returncode}):\n{out[-3000:]}\n{err[-3000:]}"
+        )
+        return out + err, seconds
+
+
+@pytest.fixture(scope="module")
+def installs(dist, tmp_path_factory) -> Iterator[dict[str, _Install]]:
+    """Both installs of this module, started at once: the wheel's (pip resolving its dependencies, mostly waiting
+    on the index) beside the sdist's (mostly the compile). Each test waits for its own and checks it."""
+    root = tmp_path_factory.mktemp("installs")
+    (wheel,) = sorted(dist.glob("*.whl"))
+    (sdist,) = dist.glob("llama_vq-*.tar.gz")
+    index = root / "index"
+    index.mkdir()
+    shutil.copy(sdist, index)
+    shutil.copy(_pinned_sdist(), index)  # llama-cpp-python's, as the package index holds it: never used now
+    started = {"wheel": _Install(root / "wheel", ["-q", wheel])}
+    # no CMAKE_ARGS: what a user types
+    started["sdist"] = _Install(root / "sdist", ["-v", "--find-links", index, "llama-vq"])
+    yield started
+    for install in started.values():  # a test that failed early leaves its install running
+        if install.proc.poll() is None:
+            install.proc.kill()
+            install.proc.wait()
+
+
 def _server_answers_health(venv: Path, model: Path, cwd: Path) -> dict:
     port = free_port()
     log = (cwd / "server.log").open("wb")
@@ -139,7 +191,7 @@ else:
 """
 
 
-def test_wheel_installs_alone_into_a_fresh_venv_and_runs_without_the_source_tree(dist, smollm2_path, tmp_path):
+def test_wheel_installs_alone_into_a_fresh_venv_and_runs_without_the_source_tree(dist, installs, smollm2_path):
     wheels = sorted(dist.glob("*.whl"))
     # one wheel: llama-cpp-python's bindings are inside it, no llama_cpp_python wheel next to it
     assert [w.name.split("-")[0] for w in wheels] == ["llama_vq"], wheels
@@ -152,13 +204,12 @@ def test_wheel_installs_alone_into_a_fresh_venv_and_runs_without_the_source_tree
     assert "llama_vq/server/cli.py" in names and "llama_vq/lib/libllama-vq-server.so" in names
     assert "llama_cpp/llama_cpp.py" in names and not [n for n in names if n.startswith("llama_cpp/server/")]
     assert [n for n in names if n.endswith("libllama.so")] == ["llama_vq/lib/libllama.so"]
-    away = tmp_path / "elsewhere"
-    away.mkdir()
-    py = _venv(tmp_path / "venv")
-    _run([py, "-m", "pip", "install", "-q", ours], cwd=away, env=_clean_env())
-    r = _run([py, "-c", SMOKE, tmp_path / "venv", smollm2_path], cwd=away, env=_clean_env())
+    install = installs["wheel"]
+    install.wait()
+    py, venv, away = install.py, install.venv, install.away
+    r = _run([py, "-c", SMOKE, venv, smollm2_path], cwd=away, env=_clean_env())
     print("\n" + r.stdout.strip())
-    health = _server_answers_health(tmp_path / "venv", smollm2_path, away)
+    health = _server_answers_health(venv, smollm2_path, away)
     assert health["status"] == "ok", health
 
     # llama-cpp-python installed afterwards (bindings only, so that this test compiles nothing): its llama_cpp
@@ -174,7 +225,7 @@ def test_wheel_installs_alone_into_a_fresh_venv_and_runs_without_the_source_tree
     # the fix, as the message words it, gives a working llama_vq again
     _run([py, "-m", "pip", "uninstall", "-q", "-y", "llama-cpp-python"], cwd=away, env=_clean_env())
     _run([py, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", ours], cwd=away, env=_clean_env())
-    r = _run([py, "-c", SMOKE, tmp_path / "venv", smollm2_path], cwd=away, env=_clean_env())
+    r = _run([py, "-c", SMOKE, venv, smollm2_path], cwd=away, env=_clean_env())
     assert r.stdout.startswith("smoke ok:"), r.stdout
 
 
@@ -182,34 +233,22 @@ def test_wheel_installs_alone_into_a_fresh_venv_and_runs_without_the_source_tree
 _LIBLLAMA_LINK = re.compile(r"Linking (?:CXX|C) shared (?:library|module) \S*\blibllama\.(?:so|dylib)\b")
 
 
-def test_pip_install_from_an_index_with_both_sdists_compiles_llama_cpp_once(
-    dist, smollm2_path, tmp_path, record_property
-):
-    (sdist,) = dist.glob("llama_vq-*.tar.gz")
-    index = tmp_path / "index"
-    index.mkdir()
-    shutil.copy(sdist, index)
-    shutil.copy(_pinned_sdist(), index)  # llama-cpp-python's, as the package index holds it: never used now
-    py = _venv(tmp_path / "venv")
-    t0 = time.monotonic()
-    # no CMAKE_ARGS: what a user types
-    r = _run([py, "-m", "pip", "install", "-v", "--find-links", index, "llama-vq"], cwd=tmp_path, env=_clean_env())
-    seconds = time.monotonic() - t0
+def test_pip_install_from_an_index_with_both_sdists_compiles_llama_cpp_once(installs, smollm2_path, record_property):
+    install = installs["sdist"]  # pip install -v --find-links <our sdist and llama-cpp-python's> llama-vq
+    log, seconds = install.wait()
     record_property("sdist_install_seconds", round(seconds, 1))
-    log = r.stdout + r.stderr
-    (tmp_path / "pip.log").write_text(log)
+    (install.root / "pip.log").write_text(log)
     links = _LIBLLAMA_LINK.findall(log)
     print(f"\npip install llama-vq (from our sdist): {seconds:.0f} s, libllama links: {len(links)}")
     assert len(links) == 1, f"libllama was linked {len(links)} times:\n" + "\n".join(
         line for line in log.splitlines() if "libllama" in line
     )
-    away = tmp_path / "elsewhere"
-    away.mkdir()
+    py, venv, away = install.py, install.venv, install.away
     listed = _run([py, "-m", "pip", "list", "--format=freeze"], cwd=away, env=_clean_env()).stdout
     assert "llama_cpp_python" not in listed.replace("-", "_").lower(), listed
-    built = sorted(str(p.relative_to(tmp_path / "venv")) for p in (tmp_path / "venv").rglob("libllama.so"))
+    built = sorted(str(p.relative_to(venv)) for p in venv.rglob("libllama.so"))
     assert len(built) == 1 and built[0].endswith("site-packages/llama_vq/lib/libllama.so"), built
-    r = _run([py, "-c", SMOKE, tmp_path / "venv", smollm2_path], cwd=away, env=_clean_env())
+    r = _run([py, "-c", SMOKE, venv, smollm2_path], cwd=away, env=_clean_env())
     print(r.stdout.strip())
 
 
