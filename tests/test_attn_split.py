@@ -181,22 +181,38 @@ def test_one_token_chunks_are_as_close_to_f16_as_the_unsplit_graph(llama_vq, smo
     assert split.top1 >= unsplit.top1 - (1 - floor.top1)
 
 
-def test_split_attention_on_another_device_holds_one_f16_mask(llama_vq, smollm2_path, scratch, free_port, tmp_path):
+# one context on an rpc-server device in a process of its own (an RPC device, once registered, stays in the
+# process's device list: a later model load in the test process would reach for it after its server has gone);
+# prints the compute buffers' MiB per device as JSON
+_DEVICE_BUFFERS = """
+import json, re, sys
+import llama_vq
+from llama_vq import _logs, _native
+model, endpoint, flash_attn, budget = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+_native.set_attn_scratch(budget)
+with _logs.Capture() as cap:
+    llm = llama_vq.Llama(model, rpc_servers=endpoint, n_gpu_layers=999, n_ctx=16384, n_batch=512, n_ubatch=512,
+                         type_k="q8_0", type_v="q4_0", flash_attn=flash_attn, n_threads=1, verbose=False)
+line = re.compile(r"sched_reserve:\\s+(\\S+?)(?:\\[[^\\]]*\\])? compute buffer size =\\s+([\\d.]+) MiB")
+print(json.dumps({dev: float(mib) for dev, mib in line.findall(cap.text())}))
+"""
+
+
+def test_split_attention_on_another_device_holds_one_f16_mask(llama_vq, smollm2_path, free_port, tmp_path):
     """With the layers on another device (an rpc-server here, as a GPU is to the scheduler) the mask is a host input
     of which the device gets its own copies: the split must view one f16 copy per device, made once per graph, not
     a copy per chunk (SmolLM2 at 16K cells, 16 MiB budget: 993 MiB) or an f32 copy per layer (113 MiB). Measured:
     the device's compute buffer is flash attention's plus at most the budget, the host's is flash attention's."""
-    import re
+    import json
     import socket
     import subprocess
     import time
 
-    from llama_vq import _logs
+    from script_support import run_script
+
     from llama_vq._binding import BIN_DIR
 
     budget = 16 << 20
-    kw = dict(n_ctx=16384, n_batch=512, n_ubatch=512, type_k="q8_0", type_v="q4_0", n_gpu_layers=999)
-    line = re.compile(r"sched_reserve:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
     tool = BIN_DIR / "ggml-rpc-server"
     if not tool.exists():
         pytest.fail(f"{tool} is missing: the test suite builds llama-vq with LLAMA_VQ_BUILD_TOOLS=ON")
@@ -219,13 +235,9 @@ def test_split_attention_on_another_device_holds_one_f16_mask(llama_vq, smollm2_
                 time.sleep(0.05)
         sizes = {}
         for name, fa, b in (("flash attention", True, 0), ("unsplit", False, 4096 << 20), ("split", False, budget)):
-            scratch(b)
-            with _logs.Capture() as cap:
-                llm = make(llama_vq, smollm2_path, flash_attn=fa, rpc_servers=f"127.0.0.1:{free_port}", **kw)
-            del llm
-            found = {dev: float(mib) for dev, mib in line.findall(cap.text())}
-            assert set(found) == {"RPC0", "CPU"}, cap.text()[-2000:]
-            sizes[name] = found
+            args = [str(smollm2_path), f"127.0.0.1:{free_port}", "1" if fa else "0", str(b)]
+            sizes[name] = json.loads(run_script(_DEVICE_BUFFERS, args, {}, tmp_path))
+            assert set(sizes[name]) == {"RPC0", "CPU"}, (name, sizes[name])
     finally:
         rpc.kill()
         rpc.wait()
