@@ -1,12 +1,13 @@
 """An HTTP request -> one of llama-server's route handlers in the engine -> the HTTP answer, streamed.
 
-Every engine call runs on the worker threads (workers.py): the handler (which, for a completion that is not
-streamed, returns when it is done) and each `next` of a stream (which blocks until the next chunk). The event
-loop only awaits them, and watches two things meanwhile:
+Every handler runs on the worker threads (workers.py): it returns when it has answered (for a completion that is
+not streamed, when the generation is done) or, for a stream, with its headers; a C++ thread of the call then writes
+the stream's bytes to a socket that the event loop reads (_open_stream). The event loop only awaits, and watches two
+things meanwhile:
 
 - the client: when it disconnects, streamed or not, the call is cancelled (llama-server's should_stop, with the
   waiting handler woken at once, patch 0021-server-wake-waiting-handlers); the native request is freed once its
-  step has returned, which cancels its tasks, and the task loop frees the slot at its next iteration;
+  handler has returned (a stream's thread is joined), which cancels its tasks, and the task loop frees the slot at its next iteration;
 - the server's drain (`close()`, at the end of --drain-timeout): an answer not yet begun gets a 503, an open stream
   a final error event in its API's shape (sse.py) and a proper end of its body; then the call is cancelled too.
 
@@ -39,6 +40,7 @@ from .workers import Workers
 log = logging.getLogger(__name__)
 
 SHUTTING_DOWN = "the server is shutting down"
+STREAM_READ = 1 << 16  # bytes of a stream read at once at most, and buffered before its writer waits
 
 
 def wants_stream(body: bytes) -> bool:
@@ -182,6 +184,7 @@ class EngineResponse(Response):
         gone = asyncio.ensure_future(_wait_disconnect(receive))
         closing = asyncio.ensure_future(b.closing.wait())
         pending: cf.Future | None = None
+        stream: asyncio.StreamWriter | None = None
         t0 = time.perf_counter()
         in_flight = b.metrics.in_flight if route.path != "/metrics" else None  # a scrape does not count itself
         if in_flight is not None:
@@ -218,16 +221,27 @@ class EngineResponse(Response):
             else:
                 if not out.started:
                     await out.start(head.status, asgi_headers(head.content_type, head.headers, None))
-                first, more = True, True
-                while more:
-                    # the handler returns at once with the headers; the prompt is processed while the stream waits
-                    # for its first chunk: keep the connection alive meanwhile
-                    chunk, more = await step(call.next, first)
-                    if first and chunk:
+                # the handler returned at once with the headers; a thread of the call now writes the stream's bytes
+                # to a socket as the engine makes them, and the loop reads them (_open_stream)
+                try:
+                    reader, stream = await _open_stream(call)
+                except EngineError as e:
+                    await out.body(sse.final_error(route.path, str(e), out.n_events), False)
+                    b.metrics.requests.labels(scope["method"], route.path, str(out.status)).inc()
+                    return
+                for watched in (gone, closing):
+                    watched.add_done_callback(lambda _f: reader.set_exception(_Ended()))
+                first = True
+                while True:
+                    # the prompt is processed while the stream waits for its first bytes: keep the connection alive
+                    chunk = await _read(reader, b.keepalive if first else 0, out, b.metrics)
+                    if not chunk:
+                        await out.body(b"", False)
+                        break
+                    if first:
                         b.metrics.ttfb.labels(route.path).observe(time.perf_counter() - t0)
                         first = False
-                    if chunk or not more:
-                        await out.body(chunk, more)
+                    await out.body(chunk, True)
             b.metrics.requests.labels(scope["method"], route.path, str(out.status)).inc()
         except _Ended:
             if gone.done():
@@ -243,8 +257,34 @@ class EngineResponse(Response):
                 in_flight.dec()
             gone.cancel()
             closing.cancel()
+            if stream is not None:
+                stream.close()  # before the call: its thread then stops writing (call_free joins it)
             _release(b.workers, call, pending)
             b.metrics.latency.labels(route.path).observe(time.perf_counter() - t0)
+
+
+async def _open_stream(call: Call) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A stream's bytes, read on the event loop as a thread of the call writes them (llama-server's HTTP thread
+    writes its client's socket the same way). Per token that is one wake-up of that thread, in C++, and one of the
+    loop: with `-t` = every core, the front end's work per token runs on the cores the compute threads use
+    (docs/server.md, "Workers"). Bytes that arrive while the loop is busy go out in one write."""
+    return await asyncio.open_connection(sock=call.stream_socket(), limit=STREAM_READ)
+
+
+async def _read(reader: asyncio.StreamReader, keepalive: float, out: _Writer, metrics: Metrics) -> bytes:
+    """The stream's next bytes (b"" at its end); SSE keep-alives every `keepalive` seconds while none come, if > 0;
+    _Ended (set on the reader) if the answer must end first."""
+    if keepalive <= 0:
+        return await reader.read(STREAM_READ)
+    pending = asyncio.ensure_future(reader.read(STREAM_READ))
+    try:
+        while not (await asyncio.wait({pending}, timeout=keepalive))[0]:
+            await out.keepalive()
+            metrics.keepalives.inc()
+    finally:
+        if not pending.done():
+            pending.cancel()
+    return pending.result()
 
 
 def _release(workers: Workers, call: Call, pending: cf.Future | None) -> None:

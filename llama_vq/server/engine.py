@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import json
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -44,13 +45,13 @@ SERVER = _cdll.Library(
         "llama_vq_server_call_run": ([_p], _c.c_int),
         "llama_vq_server_call_head": ([_p], _c.c_char_p),
         "llama_vq_server_call_body": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], None),
-        "llama_vq_server_call_next": ([_p, _c.POINTER(_p), _c.POINTER(_sz)], _c.c_int),
+        "llama_vq_server_call_stream_fd": ([_p], _c.c_int),
         "llama_vq_server_call_cancel": ([_p], None),
         "llama_vq_server_call_free": ([_p], None),
         "llama_vq_server_string_free": ([_p], None),
     },
     abi_function="llama_vq_server_abi_version",
-    abi_version=2,
+    abi_version=3,
     error=EngineError,
 )
 
@@ -86,8 +87,8 @@ class Head:
 
 
 class Call:
-    """One request to one route handler. Use from a worker thread: run(), then body() or next() until it
-    returns False; cancel() from any thread; close() exactly once (frees the native request)."""
+    """One request to one route handler. Use from a worker thread: run(), then body() or stream_socket();
+    cancel() from any thread; close() exactly once (frees the native request), after the stream's socket."""
 
     def __init__(
         self,
@@ -126,11 +127,13 @@ class Call:
         _native().llama_vq_server_call_body(self._h, ctypes.byref(data), ctypes.byref(size))
         return ctypes.string_at(data.value, size.value) if size.value and data.value else b""
 
-    def next(self) -> tuple[bytes, bool]:
-        """The stream's next chunk (may be empty) and whether more may follow. Blocks."""
-        data, size = ctypes.c_void_p(), ctypes.c_size_t()
-        more = _native().llama_vq_server_call_next(self._h, ctypes.byref(data), ctypes.byref(size))
-        return (ctypes.string_at(data.value, size.value) if size.value and data.value else b""), bool(more)
+    def stream_socket(self) -> socket.socket:
+        """After run(), a stream's bytes as the engine makes them, until end of file: a socket that a thread of the
+        call writes (llama_vq_server_call_stream_fd). Close it before close()."""
+        fd = _native().llama_vq_server_call_stream_fd(self._h)
+        if fd < 0:
+            raise EngineError("the engine could not open the stream: not a stream, or no socket to be had")
+        return socket.socket(fileno=fd)
 
     def cancel(self) -> None:
         with self._lock:

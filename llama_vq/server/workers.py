@@ -1,7 +1,8 @@
 """The threads that run engine calls, in two pools, so that control routes never wait behind generation.
 
 A route handler of llama-server's engine blocks its thread until it has answered: for a completion that is not
-streamed, until the generation ends; a stream's next chunk, until the next token. The event loop never runs them;
+streamed, until the generation ends; a stream's, until its headers (a C++ thread of the call then writes its
+bytes: bridge.py). The event loop never runs them;
 it awaits them on these threads.
 
 - control (CONTROL_THREADS): the routes that answer from the engine's state or from one high-priority task of the
@@ -9,7 +10,7 @@ it awaits them on these threads.
   counts), and every call's creation and release. A generation never holds one of these threads, so they
   answer within milliseconds however many generations are in flight.
 - generation (up to GENERATION_THREADS): every handler that may wait for a slot or a token (completions, chat,
-  responses, messages, infill, embeddings, rerank, slot save/restore) and each step of a stream. As llama-server's
+  responses, messages, infill, embeddings, rerank, slot save/restore). As llama-server's
   HTTP pool (n_threads_http fixed threads plus up to 1024 made on demand), a request in flight holds a thread;
   threads are made on demand and stay for reuse.
 """

@@ -15,6 +15,7 @@
 #include "log.h"
 
 #include <atomic>
+#include <cerrno>
 #include <clocale>
 #include <cstdlib>
 #include <cstring>
@@ -24,7 +25,13 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if !defined(_WIN32)
+#    include <sys/socket.h>
+#    include <unistd.h>
+#endif
 
 namespace {
 
@@ -150,14 +157,13 @@ struct llama_vq_server_call {
     std::unique_ptr<server_http_req> req;
     server_http_res_ptr res;
     std::string head;
-    std::string chunk;
-    bool done = false;
+    std::thread pump;   // a stream's reader (call_stream_fd), joined by call_free
 };
 
 extern "C" {
 
 int llama_vq_server_abi_version(void) {
-    return 2;
+    return 3;
 }
 
 llama_vq_server * llama_vq_server_create(int argc, const char * const * argv, char ** error_json) {
@@ -471,23 +477,48 @@ void llama_vq_server_call_body(llama_vq_server_call * call, const char ** data, 
     *len = call->res ? call->res->data.size() : 0;
 }
 
-int llama_vq_server_call_next(llama_vq_server_call * call, const char ** data, size_t * len) {
-    call->chunk.clear();
-    bool more = false;
-    if (!call->done && call->res && call->res->is_stream()) {
-        try {
-            more = call->res->next(call->chunk);
-        } catch (const std::exception & e) {
-            call->chunk = format_oai_sse(json{{"error", format_error_response(e.what(), ERROR_TYPE_SERVER)}});
-            more = false;
-        } catch (...) {
-            more = false;
-        }
+int llama_vq_server_call_stream_fd(llama_vq_server_call * call) {
+#if defined(_WIN32)
+    (void) call;
+    return -1;
+#else
+    if (!call->res || !call->res->is_stream() || call->pump.joinable()) {
+        return -1;
     }
-    call->done = !more;
-    *data = call->chunk.data();
-    *len = call->chunk.size();
-    return more ? 1 : 0;
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+        return -1;
+    }
+    // as llama-server's HTTP thread: res->next() until the stream ends, each chunk written as it comes (a full
+    // socket blocks the writer, as a slow client does there); the reader closing its end ends the loop too
+    call->pump = std::thread([call, fd = fds[1]] {
+        std::string chunk;
+        for (bool more = true; more;) {
+            chunk.clear();
+            try {
+                more = call->res->next(chunk);
+            } catch (const std::exception & e) {
+                chunk = format_oai_sse(json{{"error", format_error_response(e.what(), ERROR_TYPE_SERVER)}});
+                more = false;
+            } catch (...) {
+                more = false;
+            }
+            for (size_t off = 0; off < chunk.size();) {
+                const ssize_t n = send(fd, chunk.data() + off, chunk.size() - off, MSG_NOSIGNAL);
+                if (n < 0 && errno == EINTR) {
+                    continue;
+                }
+                if (n <= 0) {
+                    more = false;
+                    break;
+                }
+                off += (size_t) n;
+            }
+        }
+        close(fd);
+    });
+    return fds[0];
+#endif
 }
 
 void llama_vq_server_call_cancel(llama_vq_server_call * call) {
@@ -500,6 +531,10 @@ void llama_vq_server_call_cancel(llama_vq_server_call * call) {
 void llama_vq_server_call_free(llama_vq_server_call * call) {
     if (call == nullptr) {
         return;
+    }
+    if (call->pump.joinable()) {   // its res->next() returns at once now, and its send() fails once the reader has closed
+        llama_vq_server_call_cancel(call);
+        call->pump.join();
     }
     try {
         if (call->res) {

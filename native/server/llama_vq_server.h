@@ -13,7 +13,7 @@
 // call of this ABI returns NULL / -1 and an error document where it takes `char ** error_json`.
 //
 // Threads: create, load, run and the calls may each be on a thread of their own. load() and run() block;
-// call_run() and call_next() block until the engine answers; cancel() from any thread makes them return at once,
+// call_run() blocks until the engine answers; cancel() from any thread makes them return at once,
 // and freeing the call then cancels its tasks, whose slots the task loop frees at its next iteration.
 #pragma once
 
@@ -104,14 +104,18 @@ LLAMA_VQ_SERVER_API const char * llama_vq_server_call_head(struct llama_vq_serve
 // After call_run, a response that is not a stream: its body.
 LLAMA_VQ_SERVER_API void llama_vq_server_call_body(struct llama_vq_server_call * call, const char ** data, size_t * len);
 
-// A stream's next chunk (may be empty). Blocks. Returns 1 when more may follow, 0 after the last chunk.
-LLAMA_VQ_SERVER_API int llama_vq_server_call_next(struct llama_vq_server_call * call, const char ** data, size_t * len);
+// After call_run, a response that is a stream: a socket (the caller's to close) from which the stream's bytes are
+// read as the engine makes them, the end of the stream being its end of file. A thread of the call writes them, as
+// llama-server's HTTP thread writes to its client; closing the socket before the end stops it at its next chunk.
+// -1 when the response is not a stream, or the socket cannot be made (errno says why), or on Windows.
+LLAMA_VQ_SERVER_API int llama_vq_server_call_stream_fd(struct llama_vq_server_call * call);
 
-// The client is gone: should_stop() is true from now on, and a call_run() or call_next() waiting for results
+// The client is gone: should_stop() is true from now on, and a call_run() or a stream waiting for results
 // returns now. Any thread.
 LLAMA_VQ_SERVER_API void llama_vq_server_call_cancel(struct llama_vq_server_call * call);
 
-// Completes the response (upstream's on_complete) and frees the call.
+// Completes the response (upstream's on_complete) and frees the call; a stream's thread is cancelled and joined
+// first, so close its socket before (a full socket that nobody reads would hold the thread in send()).
 LLAMA_VQ_SERVER_API void llama_vq_server_call_free(struct llama_vq_server_call * call);
 
 LLAMA_VQ_SERVER_API void llama_vq_server_string_free(char * str);
