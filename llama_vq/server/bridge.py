@@ -7,7 +7,8 @@ things meanwhile:
 
 - the client: when it disconnects, streamed or not, the call is cancelled (llama-server's should_stop, with the
   waiting handler woken at once, patch 0021-server-wake-waiting-handlers); the native request is freed once its
-  handler has returned (a stream's thread is joined), which cancels its tasks, and the task loop frees the slot at its next iteration;
+  handler has returned (a stream's thread is joined), which cancels its tasks, and the task loop frees the slot at
+  its next iteration;
 - the server's drain (`close()`, at the end of --drain-timeout): an answer not yet begun gets a 503, an open stream
   a final error event in its API's shape (sse.py) and a proper end of its body; then the call is cancelled too.
 
