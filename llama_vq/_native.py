@@ -31,8 +31,28 @@ GGML = _cdll.Library(
         # backend modules of a DL build (_backends.py)
         "ggml_backend_load": ([_cp], _vp),
         "ggml_backend_reg_dev_count": ([_vp], _sz),
+        "ggml_backend_reg_dev_get": ([_vp, _sz], _vp),
+        "ggml_backend_reg_name": ([_vp], _cp),
+        "ggml_backend_dev_backend_reg": ([_vp], _vp),
+        "ggml_backend_dev_get_props": ([_vp, _vp], None),
     },
 )
+
+# enum ggml_backend_dev_type
+DEV_CPU, DEV_GPU, DEV_IGPU, DEV_ACCEL = 0, 1, 2, 3
+
+
+class _DevCaps(ctypes.Structure):
+    _fields_ = [("async_", ctypes.c_bool), ("host_buffer", ctypes.c_bool),
+                ("buffer_from_host_ptr", ctypes.c_bool), ("events", ctypes.c_bool)]  # fmt: skip
+
+
+class _DevProps(ctypes.Structure):
+    """struct ggml_backend_dev_props"""
+
+    _fields_ = [("name", _cp), ("description", _cp), ("memory_free", _sz), ("memory_total", _sz), ("type", _i),
+                ("device_id", _cp), ("caps", _DevCaps)]  # fmt: skip
+
 
 # libllama's functions of our patches (a build without a patch lacks its functions: has_* say which are there)
 LLAMA_VQ_FUNCTIONS: _cdll.Signatures = {
@@ -128,8 +148,9 @@ def devices() -> list[str]:
     ]
 
 
-def add_rpc_servers(endpoints: list[str]) -> None:
-    """Register one RPC device per 'host:port', as llama.cpp's --rpc does."""
+def add_rpc_server(endpoint: str) -> list[int]:
+    """Register the devices of one 'host:port' rpc-server, as llama.cpp's --rpc does; returns them. Registered
+    devices stay for the life of the process (ggml has no way to remove one)."""
     lib = _ggml()
     reg = lib.ggml_backend_reg_by_name(b"RPC")
     if not reg:
@@ -138,11 +159,41 @@ def add_rpc_servers(endpoints: list[str]) -> None:
     if not addr:
         raise RuntimeError("the RPC backend does not export ggml_backend_rpc_add_server")
     add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(addr)
-    for ep in endpoints:
-        r = add(ep.encode())
-        if not r:
-            raise RuntimeError(f"could not add RPC server {ep}")
-        lib.ggml_backend_register(r)
+    r = add(endpoint.encode())
+    if not r:
+        raise RuntimeError(f"could not add RPC server {endpoint}")
+    lib.ggml_backend_register(r)
+    return [lib.ggml_backend_reg_dev_get(r, i) for i in range(lib.ggml_backend_reg_dev_count(r))]
+
+
+def local_model_devices(tensor_split: bool) -> list[int]:
+    """The devices llama.cpp's default selection gives a model (llama_prepare_model_devices), without any RPC
+    device: discrete GPUs (one per device id), else the integrated GPUs of one backend; with tensor split, every
+    device but the CPU's. A model given an explicit list with these after its own RPC devices is placed as by
+    default, without the RPC devices other models of the process registered."""
+    lib = _ggml()
+    gpus: list[int] = []
+    igpus: list[int] = []
+    ids: set[bytes] = set()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        kind = lib.ggml_backend_dev_type(dev)
+        reg = lib.ggml_backend_dev_backend_reg(dev)
+        if kind not in (DEV_GPU, DEV_IGPU) or lib.ggml_backend_reg_name(reg) == b"RPC":
+            continue
+        if tensor_split:
+            gpus.append(dev)
+        elif kind == DEV_GPU:
+            props = _DevProps()
+            lib.ggml_backend_dev_get_props(dev, ctypes.byref(props))
+            if props.device_id and props.device_id in ids:
+                continue  # the same GPU seen by a second backend
+            if props.device_id:
+                ids.add(props.device_id)
+            gpus.append(dev)
+        elif not igpus or reg == lib.ggml_backend_dev_backend_reg(igpus[-1]):
+            igpus.append(dev)
+    return gpus + (igpus if not gpus else [])
 
 
 class TensorBuftOverride(ctypes.Structure):

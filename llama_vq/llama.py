@@ -6,6 +6,7 @@ import ctypes
 import functools
 import os
 import re
+import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -26,9 +27,24 @@ from .cache_types import (
     parse_flash_attn,
 )
 from .chat import ChatTemplates
-from .errors import CacheConfigError, ContextCreationError, ModelLoadError, TensorOverrideError
+from .errors import CacheConfigError, ConfigError, ContextCreationError, ModelLoadError, TensorOverrideError
 
-_RPC_ADDED: set[str] = set()
+_RPC_DEVICES: dict[str, list[int]] = {}  # 'host:port' -> its devices, registered once for the process
+RPC_CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_rpc_server(endpoint: str) -> None:
+    """A ConfigError naming the fix when nothing answers at 'host:port' (llama.cpp would abort the process)."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"rpc server {endpoint!r} is not host:port")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RPC_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConfigError(
+            f"rpc server {endpoint} cannot be reached ({e}). Fix: start rpc-server there, or leave it out of "
+            "rpc_servers"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -96,7 +112,9 @@ class Llama(llama_cpp.Llama):
             every context created from then on.
         tensor_overrides: llama-server's --override-tensor: [("exps", "CPU")] or ["exps=CPU"];
             tensors whose name matches the regex are stored in that buffer type.
-        rpc_servers: "host:port,host:port" of llama.cpp rpc-server processes to use as devices.
+        rpc_servers: "host:port,host:port" of llama.cpp rpc-server processes to use as devices (before the local
+            GPUs, as llama.cpp orders them). Each must answer when the model loads (else ConfigError). A model
+            uses only its own rpc_servers: those of earlier models of the process are not reached for.
         swa_full: cache size of sliding-window-attention layers (SWA/iSWA models such as MiMo, Gemma).
             True (llama.cpp's C default, hence this default): as large as the context, so any cached
             prefix can be cut back and reused, as llama_cpp.Llama's prefix reuse assumes. False: only
@@ -167,15 +185,24 @@ class Llama(llama_cpp.Llama):
                     "install a current llama-vq build."
                 )
 
-        if rpc_servers:
-            endpoints = rpc_servers.split(",") if isinstance(rpc_servers, str) else list(rpc_servers)
-            new = [e.strip() for e in endpoints if e.strip() and e.strip() not in _RPC_ADDED]
-            _native.add_rpc_servers(new)
-            _RPC_ADDED.update(new)
+        endpoints = rpc_servers.split(",") if isinstance(rpc_servers, str) else list(rpc_servers or [])
+        rpc_devices: list[int] = []
+        for ep in dict.fromkeys(e.strip() for e in endpoints if e.strip()):
+            _check_rpc_server(ep)  # llama.cpp's RPC backend aborts the process on a server it cannot reach
+            if ep not in _RPC_DEVICES:
+                _RPC_DEVICES[ep] = _native.add_rpc_server(ep)
+            rpc_devices += _RPC_DEVICES[ep]
 
         keep: list[Any] = []  # ctypes objects the model params point to: alive as long as self
 
         def adjust_model(params: Any) -> None:
+            if _RPC_DEVICES:
+                # the devices of this model's rpc_servers and the local ones, not the RPC devices that earlier
+                # models of this process registered: their servers may be gone, and llama.cpp would use them all
+                devs = rpc_devices + _native.local_model_devices(params.split_mode == llama_cpp.LLAMA_SPLIT_MODE_TENSOR)
+                arr_devs = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+                keep.append(arr_devs)
+                params.devices = ctypes.cast(arr_devs, ctypes.c_void_p)
             if not overrides:
                 return
             bufts = _native.buffer_types()
