@@ -78,6 +78,10 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
     config = uvicorn.Config(
         app,
         log_level="warning",
+        # h11 sends header names as the application spells them, as llama-server does (Access-Control-Allow-Origin,
+        # Process-Start-Time-Unix: clients that look them up case-sensitively, llama-server's own tests among them,
+        # find them); uvicorn's httptools protocol, picked by default where installed, lowercases them
+        http="h11",
         # a backstop only: at the end of the drain the bridge ends every answer itself (bridge.close)
         timeout_graceful_shutdown=settings.drain_timeout + CLOSE_GRACE,  # type: ignore[arg-type]  # a float works
         timeout_keep_alive=30,
