@@ -31,6 +31,9 @@ GGML = _cdll.Library(
         # backend modules of a DL build (_backends.py)
         "ggml_backend_load": ([_cp], _vp),
         "ggml_backend_reg_dev_count": ([_vp], _sz),
+        # ggml's log callback, held aside while a GPU module starts (_backends.py)
+        "ggml_log_get": ([_P(_vp), _P(_vp)], None),
+        "ggml_log_set": ([_vp, _vp], None),
     },
 )
 
