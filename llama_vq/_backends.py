@@ -110,7 +110,8 @@ def _runtime_sonames(path: str, rt: Runtime) -> list[str]:
         needed = _elf_needed(path)
     except (OSError, ValueError, StopIteration, struct.error):
         return list(rt.default_sonames)
-    return [n for n in needed if n.rsplit(".so", 1)[0] + ".so" in rt.families]
+    ours = [n for n in needed if n.rsplit(".so", 1)[0] + ".so" in rt.families]
+    return sorted(ours, key=lambda n: rt.families.index(n.rsplit(".so", 1)[0] + ".so"))  # the runtime's own first
 
 
 def _fix(rt: Runtime, sonames: list[str]) -> str:
