@@ -22,7 +22,7 @@ PATTERN = "llama_vq-*manylinux*.whl"
 def base_wheel() -> Path:
     given = os.environ.get("LLAMA_VQ_WHEEL_DIR")
     if given:
-        (whl,) = sorted(Path(given).glob(PATTERN))
+        (whl,) = sorted(Path(given).resolve().glob(PATTERN))
         return whl
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid-{os.getpid()}"
     DIR.mkdir(parents=True, exist_ok=True)
