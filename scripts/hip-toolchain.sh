@@ -256,7 +256,7 @@ if cfg.get("backend_dl"):
     report["hip_wheel"] = [h.rsplit("/", 1)[-1] for h in hip]
     if len(hip) == 1:
         h = zipfile.ZipFile(hip[0])
-        report["hip_wheel_files"] = sorted(n for n in h.namelist() if ".dist-info/" not in n)
+        report["hip_wheel_files"] = sorted(n for n in h.namelist() if ".dist-info/" not in n and n[-1] != "/")
         with tempfile.TemporaryDirectory() as d:
             h.extract("llama_vq/lib/libggml-hip.so", d)
             out = subprocess.run([sys.executable, "tests/hip_code_objects.py", f"{d}/llama_vq/lib/libggml-hip.so",
