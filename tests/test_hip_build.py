@@ -241,25 +241,24 @@ mkdir -p "$links"
 cp "$SHARED"/llama_vq-*.whl /src/llama-vq/dist/hip/llama_vq_hip-*.whl "$links/"
 python3 -m venv /tmp/venv
 site=$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-system_path=$PATH
-export PATH=/tmp/venv/bin  # the venv and nothing else: no compiler, no cmake, no ROCm tools
+# every step of the user's runs with the venv on PATH and nothing else: no compiler, no cmake, no ROCm tools
+user="env PATH=/tmp/venv/bin"
 for t in cc gcc g++ c++ clang clang++ hipcc cmake ninja make; do
-    if command -v "$t" >/dev/null; then echo "@@compiler $t"; fi
+    if $user /bin/sh -c "command -v $t" >/dev/null; then echo "@@compiler $t"; fi
 done
-pip install "llama-vq[hip]" --find-links "$links" >/tmp/pip.log 2>&1 || { cat /tmp/pip.log; exit 4; }
+$user pip install "llama-vq[hip]" --find-links "$links" >/tmp/pip.log 2>&1 || { cat /tmp/pip.log; exit 4; }
 grep -E "^(Processing|Successfully installed)" /tmp/pip.log | sed 's/^/@@pip /'
-PATH=$system_path python3 "$ROOT/tests/hip_code_objects.py" "$site/llama_vq/lib/libggml-hip.so" $KERNELS \
-    | sed 's/^/@@objects /'
-python "$SHARED/probe.py" "$SHARED/model.gguf" >/tmp/probe.out 2>/tmp/probe.err || { cat /tmp/probe.err; exit 5; }
+python3 "$ROOT/tests/hip_code_objects.py" "$site/llama_vq/lib/libggml-hip.so" $KERNELS | sed 's/^/@@objects /'
+$user python "$SHARED/probe.py" "$SHARED/model.gguf" >/tmp/probe.out 2>/tmp/probe.err || { cat /tmp/probe.err; exit 5; }
 tail -n1 /tmp/probe.out | sed 's/^/@@probe /'
 sed 's/^/@@probe-stderr /' /tmp/probe.err
-llama-vq-server -m "$SHARED/model.gguf" --port "$PORT" -c 512 -t 2 -ngl 99 >/tmp/server.log 2>&1 &
+$user llama-vq-server -m "$SHARED/model.gguf" --port "$PORT" -c 512 -t 2 -ngl 99 >/tmp/server.log 2>&1 &
 pid=$!
-python "$SHARED/client.py" "$PORT" "$pid" | sed 's/^/@@chat /' || true
+$user python "$SHARED/client.py" "$PORT" "$pid" | sed 's/^/@@chat /' || true
 kill "$pid"; wait "$pid" || true
 sed 's/^/@@server-log /' /tmp/server.log
 mkdir /tmp/hidden && mv /usr/lib/x86_64-linux-gnu/libamdhip64.so* /tmp/hidden/  # the overlay is thrown away
-python "$SHARED/probe.py" "$SHARED/model.gguf" >/tmp/probe.out 2>/tmp/probe.err || { cat /tmp/probe.err; exit 6; }
+$user python "$SHARED/probe.py" "$SHARED/model.gguf" >/tmp/probe.out 2>/tmp/probe.err || { cat /tmp/probe.err; exit 6; }
 tail -n1 /tmp/probe.out | sed 's/^/@@noruntime /'
 sed 's/^/@@noruntime-stderr /' /tmp/probe.err
 """
@@ -308,8 +307,12 @@ def test_hip_wheel_installs_with_the_base_wheel_from_a_folder_with_no_compiler_o
     assert "compiler" not in hip_wheel_install, hip_wheel_install.get("compiler")
     pip = "\n".join(hip_wheel_install["pip"])
     # both of ours from the folder given with --find-links (no index holds them)
-    assert re.search(r"^Processing /tmp/hip-wheels/llama_vq-[\w.]+-manylinux_\w+\.whl$", pip, re.M), pip
-    assert re.search(r"^Processing /tmp/hip-wheels/llama_vq_hip-[\w.]+-manylinux_\w+\.whl$", pip, re.M), pip
+    assert re.search(r"^Processing \.?/tmp/hip-wheels/llama_vq-[\w.]+-py3-none-manylinux_\w+\.whl$", pip, re.M), pip
+    assert re.search(
+        r"^Processing \.?/tmp/hip-wheels/llama_vq_hip-[\w.]+-py3-none-manylinux_\w+\.whl( \(from llama-vq\[hip\]\))?$",
+        pip,
+        re.M,
+    ), pip
     (done,) = [x.split()[2:] for x in hip_wheel_install["pip"] if x.startswith("Successfully installed")]
     assert any(re.fullmatch(r"llama-vq-\d[\w.]*", w) for w in done), done
     assert any(re.fullmatch(r"llama-vq-hip-\d[\w.]*", w) for w in done), done
