@@ -72,15 +72,21 @@ def venv(base_wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("wheel-venv")
     _run([sys.executable, "-m", "venv", root / "venv"], cwd=root, env=dict(os.environ))
     py = root / "venv" / "bin" / "python"
+    env = _user_env(root / "venv")
+    assert not [c for c in COMPILERS if shutil.which(c, path=env["PATH"])], env["PATH"]
+    _run([py, "-m", "pip", "install", "-q", base_wheel], cwd=root, env=env)
+    return root / "venv", env
+
+
+def _user_env(venv: Path) -> dict[str, str]:
+    """This process's environment less the build's and the test session's, with PATH holding the venv alone."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LLAMA_VQ_", "LLAMA_CPP_", "PYTEST", "CMAKE", "CC", "CXX"))
     }
-    env["PATH"] = str(root / "venv" / "bin")
-    assert not [c for c in COMPILERS if shutil.which(c, path=env["PATH"])], env["PATH"]
-    _run([py, "-m", "pip", "install", "-q", base_wheel], cwd=root, env=env)
-    return root / "venv", env
+    env["PATH"] = str(venv / "bin")
+    return env
 
 
 def _probe(venv: Path, env: dict, model: Path, cwd: Path, **extra: str) -> dict:
@@ -246,8 +252,7 @@ def test_cuda_wheel_installs_with_the_base_wheel_says_once_why_no_gpu_runs_and_s
         shutil.copy(whl, links)
     _run([sys.executable, "-m", "venv", tmp_path / "venv"], cwd=tmp_path, env=dict(os.environ))
     root = tmp_path / "venv"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LLAMA_VQ_", "PYTEST"))}
-    env["PATH"] = str(root / "bin")
+    env = _user_env(root)
     assert not [c for c in (*COMPILERS, "nvcc") if shutil.which(c, path=env["PATH"])], env["PATH"]
     pip = _run([root / "bin" / "pip", "install", "llama-vq[cuda]", "--find-links", links], cwd=tmp_path, env=env)
     for whl in (base_wheel, cuda):
