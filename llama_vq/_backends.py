@@ -6,9 +6,10 @@ A build made with LLAMA_VQ_BACKEND_DL=ON (scripts/wheels.sh) links no backend in
 so we load them here, in ggml's order (GPU backends, RPC, then the CPU):
 
 * a GPU module (``libggml-hip.so`` of llama-vq-hip, ``libggml-cuda.so`` of llama-vq-cuda) needs the system's
-  runtime (ROCm 6, CUDA 12: RUNTIMES names the sonames). Missing runtime libraries raise BackendLoadError naming
-  them and the fix; a runtime without a GPU (ggml's score 0, or no device) is said once on stderr, and llama-vq runs
-  on the CPU;
+  runtime: the ROCm or CUDA libraries it was linked with (``_runtime_sonames`` reads them from the module; RUNTIMES
+  names their families and the fix). When one cannot be loaded, or the runtime sees no GPU (the module registers no
+  device), that is said once on stderr with the reason and the fix, and llama-vq runs on the CPU
+  (``build_info().backend_notes`` keeps the line);
 * the CPU module is the one with the highest ``ggml_backend_score()`` (ggml's rule: the most instructions this CPU
   has), or the one named by ``LLAMA_VQ_CPU_VARIANT`` (e.g. ``haswell``: tests force a level this way; refused when
   this CPU cannot run it).
@@ -20,7 +21,10 @@ from __future__ import annotations
 
 import _ctypes
 import ctypes
+import mmap
 import os
+import re
+import struct
 import sys
 from dataclasses import dataclass, field
 
@@ -35,35 +39,87 @@ GPU_BACKENDS = ("cuda", "hip")
 
 
 class BackendLoadError(LlamaVQError, ImportError):
-    """A backend module of this wheel build cannot be loaded (runtime libraries missing, or a forced CPU variant
-    that this CPU cannot run)."""
+    """A backend module of this wheel build cannot be loaded (a forced CPU variant that this CPU cannot run, a module
+    file that does not load)."""
 
 
 @dataclass(frozen=True)
 class Runtime:
-    """What a GPU module needs from the system, and the fix when it is missing."""
+    """What a GPU module needs from the system: its runtime's libraries (soname families: the module names the exact
+    sonames) and the fix when they are missing."""
 
-    name: str
-    sonames: tuple[str, ...]
-    fix: str
+    name: str  # "ROCm", "CUDA"
+    gpu: str  # "AMD", "NVIDIA"
+    families: tuple[str, ...]  # "libamdhip64.so": the module needs some "libamdhip64.so.N"
+    default_sonames: tuple[str, ...]  # when the module's own list cannot be read
+    fix: str  # {major}: the runtime's major version, from the module's first soname
 
 
 RUNTIMES = {
     "hip": Runtime(
-        "ROCm 6",
+        "ROCm",
+        "AMD",
+        ("libamdhip64.so", "libhipblas.so", "librocblas.so"),
         ("libamdhip64.so.6", "libhipblas.so.2", "librocblas.so.4"),
-        "install ROCm 6.x (https://rocm.docs.amd.com; the hip-runtime-amd, hipblas and rocblas packages) and make its "
-        "lib folder visible (`export LD_LIBRARY_PATH=/opt/rocm/lib`), or `pip uninstall llama-vq-hip` to run on the "
-        "CPU",
+        "install ROCm {major}.x (https://rocm.docs.amd.com; the hip-runtime-amd, hipblas and rocblas packages) and "
+        "make its lib folder visible (`export LD_LIBRARY_PATH=/opt/rocm/lib`), or `pip uninstall llama-vq-hip`",
     ),
     "cuda": Runtime(
-        "CUDA 12",
+        "CUDA",
+        "NVIDIA",
+        ("libcudart.so", "libcublas.so", "libcublasLt.so", "libcuda.so"),
         ("libcudart.so.12", "libcublas.so.12", "libcuda.so.1"),
-        "install the NVIDIA driver and the CUDA 12 runtime with cuBLAS (the cuda-cudart-12-x and libcublas-12-x "
-        "packages, or `pip install nvidia-cuda-runtime-cu12 nvidia-cublas-cu12` and their lib folders on "
-        "LD_LIBRARY_PATH), or `pip uninstall llama-vq-cuda` to run on the CPU",
+        "install the NVIDIA driver (libcuda.so.1) and the CUDA {major} runtime with cuBLAS (the toolkit's "
+        "libraries, or `pip install {pip}` with their lib folder on LD_LIBRARY_PATH), or `pip uninstall llama-vq-cuda`",
     ),
 }
+
+
+def _elf_needed(path: str) -> list[str]:
+    """DT_NEEDED of a 64-bit little-endian ELF shared object: the sonames the dynamic loader will look for."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
+            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+        phoff, phentsize, phnum = struct.unpack_from("<Q", m, 0x20)[0], *struct.unpack_from("<HH", m, 0x36)
+        loads, dynamic = [], None
+        for i in range(phnum):
+            p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from("<IIQQQQ", m, phoff + i * phentsize)
+            if p_type == 1:  # PT_LOAD
+                loads.append((p_vaddr, p_offset, p_filesz))
+            elif p_type == 2:  # PT_DYNAMIC
+                dynamic = (p_offset, p_filesz)
+        if dynamic is None:
+            return []
+        needed, strtab = [], None
+        for off in range(dynamic[0], dynamic[0] + dynamic[1], 16):
+            tag, val = struct.unpack_from("<qQ", m, off)
+            if tag == 0:  # DT_NULL
+                break
+            if tag == 1:  # DT_NEEDED: an offset into the string table
+                needed.append(val)
+            elif tag == 5:  # DT_STRTAB: an address
+                strtab = next(o + val - v for v, o, n in loads if v <= val < v + n)
+        if strtab is None:
+            raise ValueError(f"{path}: no string table")
+        return [m[strtab + n : m.find(b"\0", strtab + n)].decode() for n in needed]
+
+
+def _runtime_sonames(path: str, rt: Runtime) -> list[str]:
+    """The runtime libraries a GPU module was linked with (libamdhip64.so.6, libcudart.so.13, ...)."""
+    try:
+        needed = _elf_needed(path)
+    except (OSError, ValueError, StopIteration, struct.error):
+        return list(rt.default_sonames)
+    ours = [n for n in needed if n.rsplit(".so", 1)[0] + ".so" in rt.families]
+    return sorted(ours, key=lambda n: rt.families.index(n.rsplit(".so", 1)[0] + ".so"))  # the runtime's own first
+
+
+def _fix(rt: Runtime, sonames: list[str]) -> str:
+    # the runtime's major version: the soname's of its first family (libamdhip64.so.6, libcudart.so.13)
+    first = [n for n in sonames if n.startswith(rt.families[0] + ".")]
+    major = first[0].rsplit(".so.", 1)[-1] if first else "?"
+    pip = "nvidia-cuda-runtime-cu12 nvidia-cublas-cu12" if major == "12" else "nvidia-cuda-runtime nvidia-cublas"
+    return rt.fix.format(major=major, pip=pip)
 
 
 @dataclass
@@ -108,9 +164,9 @@ def _score(path: str) -> int:
         _ctypes.dlclose(lib._handle)
 
 
-def _missing_runtime(rt: Runtime) -> list[str]:
+def _missing(sonames: list[str]) -> list[str]:
     missing = []
-    for soname in rt.sonames:
+    for soname in sonames:
         try:
             ctypes.CDLL(soname)
         except OSError:
@@ -118,28 +174,76 @@ def _missing_runtime(rt: Runtime) -> list[str]:
     return missing
 
 
+def _note(state: Loaded, text: str) -> None:
+    state.notes.append(text)
+    print(text, file=sys.stderr, flush=True)
+
+
 def _load_gpu(name: str, state: Loaded) -> None:
+    """Load a GPU module, or say once why this process runs without it (then llama-vq runs on the CPU)."""
     path = _module(name)
     rt = RUNTIMES[name]
-    missing = _missing_runtime(rt)
+    sonames = _runtime_sonames(path, rt)
+    missing = _missing(sonames)
+    module = f"libggml-{name}{SUFFIX} (llama-vq-{name})"
     if missing:
-        raise BackendLoadError(
-            f"{path} (llama-vq-{name}) needs the system's {rt.name} runtime, and {', '.join(missing)} cannot be "
-            f"loaded. Fix: {rt.fix}."
+        _note(
+            state,
+            f"llama-vq: {module} is installed, but the {rt.name} runtime it needs is missing: {', '.join(missing)} "
+            f"cannot be loaded; running on the CPU. Fix: {_fix(rt, sonames)}.",
         )
-    lib = _native.ggml()
-    # no score function in GPU modules: a module whose runtime finds no GPU registers with no device
-    reg = lib.ggml_backend_load(path.encode())
-    n_dev = lib.ggml_backend_reg_dev_count(reg) if reg else 0
-    if not n_dev:
-        gpu = "AMD" if name == "hip" else "NVIDIA"
-        note = (
-            f"llama-vq: {path} is installed but this machine has no {gpu} GPU that {rt.name} sees: running on the CPU"
-        )
-        state.notes.append(note)
-        print(note, file=sys.stderr)
         return
+    lib = _native.ggml()
+    # ggml's own lines from the runtime's start (a device list, or why it found none) go into our one line
+    with _GgmlLog() as log:
+        reg = lib.ggml_backend_load(path.encode())
+    if not reg:
+        _note(state, f"llama-vq: {module} did not load ({log.text() or 'no reason given'}); running on the CPU.")
+        return
+    # no score function in GPU modules: a module whose runtime finds no GPU registers with no device
+    if not lib.ggml_backend_reg_dev_count(reg):
+        reason = f" ({log.text()})" if log.text() else ""
+        _note(
+            state, f"llama-vq: {module} is installed, but {rt.name} found no {rt.gpu} GPU{reason}; running on the CPU."
+        )
+        return
+    if log.raw:
+        sys.stderr.write(log.raw)  # what ggml prints at a GPU's start, as without the capture
     state.modules.append(f"libggml-{name}{SUFFIX}")
+
+
+_LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+class _GgmlLog:
+    """ggml's log lines while a module loads, kept instead of printed; the callback set before is restored."""
+
+    def __enter__(self) -> _GgmlLog:
+        self.raw = ""
+        self._lines: list[tuple[int, str]] = []
+        lib = _native.ggml()
+        self._set = lib.ggml_log_set
+        self._prev, self._prev_data = ctypes.c_void_p(), ctypes.c_void_p()
+        lib.ggml_log_get(ctypes.byref(self._prev), ctypes.byref(self._prev_data))
+        self._cb = _LOG_CALLBACK(self._add)  # referenced while it is set
+        self._set(ctypes.cast(self._cb, ctypes.c_void_p), None)
+        return self
+
+    def _add(self, level: int, text: bytes | None, user_data: object) -> None:
+        s = (text or b"").decode(errors="replace")
+        self.raw += s
+        if level == 5 and self._lines:  # GGML_LOG_LEVEL_CONT: the line before goes on
+            self._lines[-1] = (self._lines[-1][0], self._lines[-1][1] + s)
+        else:
+            self._lines.append((level, s))
+
+    def text(self) -> str:
+        """The warnings and errors (e.g. why the runtime found no GPU), one line, without function-name prefixes."""
+        lines = [t.strip() for lvl, t in self._lines if lvl >= 3 and t.strip()]  # GGML_LOG_LEVEL_WARN, _ERROR
+        return "; ".join(re.sub(r"^[A-Za-z_0-9]+: ", "", ln) for ln in lines)
+
+    def __exit__(self, *exc: object) -> None:
+        self._set(self._prev, self._prev_data)
 
 
 def _pick_cpu() -> str:

@@ -30,6 +30,7 @@ class BuildInfo:
     backend_dl: bool = False  # backends are modules loaded at run time (a wheel build)
     cpu_variant: str | None = None  # the CPU module loaded (a DL build): "x64", "haswell", "skylakex", "icelake"
     backend_modules: list[str] = field(default_factory=list)  # the modules loaded, CPU last (a DL build)
+    backend_notes: list[str] = field(default_factory=list)  # said once at import: a GPU module that runs no GPU, why
 
     @property
     def nonfa_quantized_v(self) -> bool:
@@ -75,4 +76,5 @@ def build_info() -> BuildInfo:
         backend_dl=loaded.backend_dl,
         cpu_variant=loaded.cpu_variant,
         backend_modules=list(loaded.modules),
+        backend_notes=list(loaded.notes),
     )

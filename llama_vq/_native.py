@@ -35,6 +35,9 @@ GGML = _cdll.Library(
         "ggml_backend_reg_name": ([_vp], _cp),
         "ggml_backend_dev_backend_reg": ([_vp], _vp),
         "ggml_backend_dev_get_props": ([_vp, _vp], None),
+        # ggml's log callback, held aside while a GPU module starts (_backends.py)
+        "ggml_log_get": ([_P(_vp), _P(_vp)], None),
+        "ggml_log_set": ([_vp, _vp], None),
     },
 )
 

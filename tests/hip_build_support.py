@@ -40,6 +40,8 @@ def build_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("GPU_TARGETS", "gfx90a")
     env["LLAMA_VQ_BUILD_TOOLS"] = "ON"
+    # the ROCm image's build: backends as modules, so that the llama-vq-hip wheel comes from this one compile
+    env["LLAMA_VQ_BACKEND_DL"] = "ON"
     env["LLAMA_VQ_TOOLS"] = "test-backend-ops"  # the tool the report checks; the CPU build has the others
     if env.get("LLAMA_VQ_HIP_FA", "OFF").upper() != "ON":
         env["CMAKE_ARGS"] = (env.get("CMAKE_ARGS", "") + " -DGGML_CUDA_FA=OFF").strip()

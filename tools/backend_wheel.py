@@ -30,7 +30,10 @@ KINDS = {
         "llama-vq-hip",
         "AMD GPUs, the system's ROCm 6 (libamdhip64.so.6, libhipblas.so.2, librocblas.so.4)",
     ),
-    "cuda": ("llama-vq-cuda", "NVIDIA GPUs through the system's CUDA 12 (libcudart.so.12, libcublas.so.12)"),
+    "cuda": (
+        "llama-vq-cuda",
+        "NVIDIA GPUs, the driver and the system's CUDA runtime and cuBLAS of the major version it was built with",
+    ),
 }
 
 
