@@ -110,6 +110,27 @@ def test_a_listed_origin_is_echoed_and_another_is_not(smollm2_path, tmp_path):
         assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
+def test_header_names_go_out_as_llama_server_writes_them(smollm2_path, tmp_path):
+    """Header names on the wire as llama-server spells them: clients that look them up as written (llama-server's
+    own suite does, in a plain dict) find them. uvicorn's httptools protocol would lowercase them; h11 keeps them."""
+    with running(smollm2_path, "--cors-origins", "http://a.test", "--metrics", log_dir=tmp_path) as s:
+        host, port = s.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as c:
+            c.sendall(
+                b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://a.test\r\n"
+                b"Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n"
+            )
+            raw = b""
+            while chunk := c.recv(65536):
+                raw += chunk
+        head = raw.split(b"\r\n\r\n", 1)[0].decode()
+        assert "\r\nAccess-Control-Allow-Origin: http://a.test\r\n" in head, head
+        assert "\r\nAccess-Control-Allow-Methods: " in head, head
+        r = httpx.get(s.url + "/metrics")
+        assert r.status_code == 200
+        assert b"Process-Start-Time-Unix" in [k for k, _ in r.headers.raw], r.headers.raw
+
+
 # ---- /metrics while asleep ----------------------------------------------------------------------------------
 
 
