@@ -195,18 +195,11 @@ class EngineResponse(Response):
             """fn() on a worker; SSE keep-alives while it runs when asked; _Ended if the answer must end first."""
             nonlocal pending
             pending = pool.submit(fn)
-            fut = asyncio.wrap_future(pending)
-            timeout = b.keepalive if (keepalive and b.keepalive > 0) else None
-            while True:
-                done, _ = await asyncio.wait({fut, gone, closing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                if gone in done or closing in done:
-                    raise _Ended
-                if fut in done:
-                    result = pending.result()
-                    pending = None
-                    return result
-                await out.keepalive()
-                b.metrics.keepalives.inc()
+            await _keepalives_until(
+                asyncio.wrap_future(pending), (gone, closing), b.keepalive if keepalive else 0, out, b.metrics
+            )
+            result, pending = pending.result(), None
+            return result
 
         try:
             head = await step(call.run, self.stream)
@@ -279,13 +272,27 @@ async def _read(reader: asyncio.StreamReader, keepalive: float, out: _Writer, me
         return await reader.read(STREAM_READ)
     pending = asyncio.ensure_future(reader.read(STREAM_READ))
     try:
-        while not (await asyncio.wait({pending}, timeout=keepalive))[0]:
-            await out.keepalive()
-            metrics.keepalives.inc()
+        await _keepalives_until(pending, (), keepalive, out, metrics)
     finally:
         if not pending.done():
             pending.cancel()
     return pending.result()
+
+
+async def _keepalives_until(
+    fut: asyncio.Future, watched: tuple[asyncio.Future, ...], keepalive: float, out: _Writer, metrics: Metrics
+) -> None:
+    """Wait for `fut`, an SSE keep-alive every `keepalive` seconds meanwhile (if > 0); _Ended if one of `watched`
+    (the client gone, the drain over) ends first."""
+    timeout = keepalive if keepalive > 0 else None
+    while True:
+        done, _ = await asyncio.wait({fut, *watched}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if any(w in done for w in watched):
+            raise _Ended
+        if fut in done:
+            return
+        await out.keepalive()
+        metrics.keepalives.inc()
 
 
 def _release(workers: Workers, call: Call, pending: cf.Future | None) -> None:
