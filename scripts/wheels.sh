@@ -5,7 +5,7 @@
 #                                #   per SIMD level (LLAMA_VQ_CPU_VARIANTS: x64, haswell, skylakex, icelake), the
 #                                #   llama_cpp bindings; checked and tagged manylinux with auditwheel
 #   scripts/wheels.sh cuda DIR   # llama_vq_cuda-*.whl: llama_vq/lib/libggml-cuda.so (CMAKE_CUDA_ARCHITECTURES,
-#                                #   default "80;86;89;90"), for the system's CUDA 12 runtime; needs nvcc
+#                                #   default "80;86;89;90"), for the system's CUDA runtime of nvcc's major version
 #   scripts/wheels.sh hip DIR    # llama_vq_hip-*.whl: llama_vq/lib/libggml-hip.so (GPU_TARGETS, default gfx90a), for
 #                                #   the system's ROCm 6 runtime; needs ROCm's hipcc/clang, e.g. in the chroot of
 #                                #   scripts/hip-toolchain.sh: `scripts/hip-toolchain.sh run bash scripts/wheels.sh hip DIR`

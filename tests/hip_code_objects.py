@@ -4,7 +4,8 @@
 
 Prints one JSON line: the offload bundles of the library's .hip_fatbin section (one per HIP source), the targets
 each bundle holds (clang-offload-bundler --list), the machine of every gfx code object unbundled from them
-(llvm-readelf's e_flags, e.g. "EF_AMDGPU_MACH_AMDGCN_GFX90A"), and which of the KERNELs have device code there
+(llvm-readelf's e_flags, e.g. "EF_AMDGPU_MACH_AMDGCN_GFX90A") and code object version (its ABI version: the oldest
+ROCm runtime that loads it), and which of the KERNELs have device code there
 (llvm-nm on the code objects: every __global__ function has a kernel descriptor, a symbol ending in ".kd").
 No GPU is needed; nothing runs on one.
 """
@@ -66,9 +67,14 @@ def inspect(lib: Path, kernels: list[str]) -> dict:
                 _run([bundler, "--unbundle", "--type=o", f"--targets={t}", f"--input={bundle}", f"--output={co}"])
                 objects.append(str(co))
         machs: set[str] = set()
+        versions: set[int] = set()
         symbols = ""
         if objects:
-            machs = set(re.findall(r"EF_AMDGPU_MACH_\w+", _run([readelf, "-h", *objects])))
+            headers = _run([readelf, "-h", *objects])
+            machs = set(re.findall(r"EF_AMDGPU_MACH_\w+", headers))
+            # e_ident[EI_ABIVERSION] of ELFOSABI_AMDGPU_HSA ("ABIVersion" as llvm-readobj, the real tool, writes it):
+            # 2, 3, 4 are code object v4, v5, v6
+            versions = {int(v) + 2 for v in re.findall(r"^\s*ABI ?Version:\s*(\d+)", headers, re.M)}
             symbols = _run([nm, "--defined-only", *objects])
     kds = [line.split()[-1] for line in symbols.splitlines() if line.endswith(".kd")]
     return {
@@ -77,6 +83,7 @@ def inspect(lib: Path, kernels: list[str]) -> dict:
         "bundles_without_gpu_code": sum(1 for b in per_bundle if not any("amdgcn" in t for t in b)),
         "code_objects": len(objects),
         "machs": sorted(machs),
+        "code_object_versions": sorted(versions),
         "kernels": [k for k in kernels if any(_names(sym, k) for sym in kds)],
     }
 

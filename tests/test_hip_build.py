@@ -23,6 +23,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -128,6 +129,8 @@ def test_hip_build_for_gfx90a_links_libggml_hip_the_server_engine_and_test_backe
     assert objs["bundles"] >= 100 and objs["bundles_without_gpu_code"] == 0, objs
     assert objs["targets"] == [f"hipv4-amdgcn-amd-amdhsa--{target}", "host-x86_64-unknown-linux-gnu-"], objs
     assert objs["machs"] == [f"EF_AMDGPU_MACH_AMDGCN_{target.upper()}"], objs
+    # code object v5, which every ROCm 6 runtime loads (clang 21's default, v6, needs a newer one)
+    assert objs["code_object_versions"] == [5], objs
     assert set(objs["kernels"]) == set(PATCH_KERNELS), objs
 
 
@@ -199,9 +202,9 @@ def test_rocm_image_runtime_steps_install_the_hip_wheels_and_serve_health_as_non
 
 
 # The llama-vq-hip wheel of that build with the base wheel (tests/wheel_support.py), installed as a user would, in a
-# throwaway overlay of the chroot: this host has no ROCm runtime, and the HIP wheel, built against Debian unstable's
-# glibc and libstdc++ (its manylinux tag says which), installs only where those are as new. So the chroot runs it:
-# with the ROCm runtime and no AMD GPU (no /dev/kfd), then with the runtime's libamdhip64 removed.
+# throwaway overlay of the chroot, which has the ROCm runtime this host lacks: with the runtime and no AMD GPU (no
+# /dev/kfd), then with the runtime's libamdhip64 removed. test_hip_wheel_installs_and_links_where_the_base_wheel_does
+# installs the same wheels on this host.
 PROBE = """
 import json, sys
 import llama_vq
@@ -324,6 +327,7 @@ def test_installed_libggml_hip_holds_gfx90a_code_objects_with_our_kernels(hip_wh
     objs = json.loads(line)
     assert objs["bundles"] >= 100 and objs["bundles_without_gpu_code"] == 0, objs
     assert objs["machs"] == ["EF_AMDGPU_MACH_AMDGCN_GFX90A"], objs
+    assert objs["code_object_versions"] == [5], objs
     assert set(objs["kernels"]) == set(PATCH_KERNELS), objs
 
 
@@ -354,4 +358,143 @@ def test_without_the_rocm_runtime_the_import_names_the_missing_soname_once_and_l
     assert len(said) == 1 and probe["notes"] == said, stderr
     assert "the ROCm runtime it needs is missing: libamdhip64.so.6" in said[0], said
     assert "install ROCm 6.x" in said[0] and "pip uninstall llama-vq-hip" in said[0], said
+    assert probe["devices"] == ["CPU"] and probe["content"].strip(), probe
+
+
+# The module's ROCm symbols, defined by stand-ins for the three runtime libraries: libamdhip64's with its symbol
+# versions (hip_4.2, ...: the loader checks that the library it names defines them), hipBLAS's and rocBLAS's bare.
+STUB_VERSIONED = re.compile(r"^hip_[\d.]+$")
+ROCM_BLAS = re.compile(r"^(hipblas|rocblas_)")
+
+
+def _rocm_stubs(module: Path, base: Path, out: Path) -> None:
+    """Stand-in libamdhip64.so.6, libhipblas.so.2 and librocblas.so.4 in `out`, defining every symbol the module takes
+    from them: the HIP runtime's (versioned hip_*) and the BLAS libraries' (hipblas*, rocblas_*). Every other symbol the
+    module needs must come from this host's own libraries or libggml-base.so."""
+    defined = set(
+        subprocess.run(
+            ["nm", "-D", "--defined-only", "--format=just-symbols", base], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    versions: dict[str, list[str]] = {}
+    plain: list[str] = []
+    for line in subprocess.run(
+        ["objdump", "-T", module], capture_output=True, text=True, check=True
+    ).stdout.splitlines():
+        m = re.match(r"^[0-9a-f]+ +(\w?) +(D[FO]|) *\*UND\*\s+[0-9a-f]+\s+(?:\(?([\w.]+)\)?\s+)?(\S+)$", line)
+        if not m or m.group(1) == "w":
+            continue
+        version, name = m.group(3), m.group(4)
+        if version and STUB_VERSIONED.match(version):
+            versions.setdefault(version, []).append(name)
+        elif not version and name not in defined and ROCM_BLAS.match(name):
+            plain.append(name)
+    assert versions and plain, (versions, plain)  # the HIP runtime's, and hipBLAS's/rocBLAS's
+    out.mkdir(parents=True)
+    (out / "hip.c").write_text("".join(f"long {n}(void) {{ return 0; }}\n" for v in versions.values() for n in v))
+    (out / "hip.map").write_text(
+        "".join(f"{v} {{ global: {'; '.join(ns)}; }};\n" for v, ns in sorted(versions.items()))
+    )
+    (out / "blas.c").write_text("".join(f"long {n}(void) {{ return 0; }}\n" for n in plain))
+    (out / "none.c").write_text("int llama_vq_stub;\n")
+    for soname, src, extra in (
+        ("libamdhip64.so.6", "hip.c", [f"-Wl,--version-script={out / 'hip.map'}"]),
+        ("libhipblas.so.2", "blas.c", []),
+        ("librocblas.so.4", "none.c", []),
+    ):
+        subprocess.run(
+            ["cc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", *extra, "-o", out / soname, out / src],
+            check=True,
+            capture_output=True,
+        )
+
+
+@pytest.mark.slow
+def test_hip_wheel_installs_and_links_where_the_base_wheel_does(smollm2_path, tmp_path):
+    """The llama-vq-hip wheel on this host, outside the chroot: its manylinux tag asks no newer glibc than the base
+    wheel's; `pip install "llama-vq[hip]" --find-links` takes both; its libggml-hip.so loads with every symbol bound
+    (RTLD_NOW) against this host's glibc and libstdc++, the ROCm runtime stood in by stubs; without them, the import
+    names the missing runtime once and the model answers on the CPU. On a host with a glibc older than the build
+    chroot's (Debian 12: 2.36 against unstable's 2.43), this is the user's Ubuntu 22.04 or 24.04 with ROCm 6."""
+    reason = hip_build_support.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    build = hip_build_support.result()
+    assert build.returncode == 0, f"the gfx90a build failed; see {BUILD_TEST_NAME}"
+    links = tmp_path / "wheels"
+    links.mkdir()
+    shared = ROOT / "build" / "hip-wheel-host"  # the chroot sees the checkout at the same path
+    shutil.rmtree(shared, ignore_errors=True)
+    shared.mkdir(parents=True)
+    try:
+        subprocess.run(
+            ["bash", str(SCRIPT), "run", "sh", "-c", f"cp /src/llama-vq/dist/hip/llama_vq_hip-*.whl {shared}/"],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        (hip,) = shared.glob("llama_vq_hip-*.whl")
+        shutil.copy(hip, links)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    base = wheel_support.base_wheel()
+    shutil.copy(base, links)
+
+    def glibc(whl: str) -> tuple[int, int]:
+        m = re.search(r"-manylinux_(\d+)_(\d+)_x86_64\.whl$", whl)
+        assert m, whl
+        return int(m.group(1)), int(m.group(2))
+
+    assert glibc(hip.name) <= glibc(base.name), (hip.name, base.name)
+    subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, capture_output=True)
+    venv = tmp_path / "venv"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LLAMA_VQ_", "LLAMA_CPP_", "PYTEST", "CMAKE", "CC", "CXX"))
+    }
+    env["PATH"] = str(venv / "bin")  # as the user installs: no compiler, no ROCm tools
+    pip = subprocess.run(
+        [venv / "bin" / "pip", "install", "llama-vq[hip]", "--find-links", links],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert pip.returncode == 0, (pip.stdout + pip.stderr)[-4000:]
+    for whl in (base, hip):
+        assert re.search(rf"^Processing \S*wheels/{re.escape(whl.name)}", pip.stdout, re.M), pip.stdout[-3000:]
+    (lib,) = venv.glob("lib/python*/site-packages/llama_vq/lib")
+    _rocm_stubs(lib / "libggml-hip.so", lib / "libggml-base.so", tmp_path / "stubs")
+    load = subprocess.run(
+        [
+            venv / "bin" / "python",
+            "-c",
+            "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); print('ok')",
+            lib / "libggml-hip.so",
+        ],
+        env={**env, "LD_LIBRARY_PATH": str(tmp_path / "stubs")},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert load.returncode == 0 and load.stdout.strip() == "ok", load.stderr[-3000:]
+    (shared_probe := tmp_path / "probe.py").write_text(PROBE)
+    r = subprocess.run(
+        [venv / "bin" / "python", shared_probe, smollm2_path],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    probe = json.loads(r.stdout.strip().splitlines()[-1])
+    said = [x for x in r.stderr.splitlines() if "libggml-hip.so (llama-vq-hip) is installed" in x]
+    if not said and "libggml-hip.so" in probe["modules"]:
+        pytest.skip("this host has the ROCm runtime and an AMD GPU: the CPU fallback cannot be shown here")
+    assert len(said) == 1 and probe["notes"] == said, r.stderr[-3000:]
+    assert "the ROCm runtime it needs is missing" in said[0] and "running on the CPU" in said[0], said
     assert probe["devices"] == ["CPU"] and probe["content"].strip(), probe
