@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,18 +221,37 @@ def run(exe: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProces
     )
 
 
-def run_all(exes: list[Path], timeout: int = 600) -> list[subprocess.CompletedProcess]:
+def run_all(exes: list[Path], timeout: int = 600, stall: int | None = None) -> list[subprocess.CompletedProcess]:
     """The binaries run at once, each as run() runs it: one harness's threads keep about 1.3 of 2 cores busy (its
     blocks wait at barriers), two keep both. Output goes to files beside each binary, so that neither waits on a
-    pipe that nobody reads."""
+    pipe that nobody reads.
+
+    `timeout`: seconds for them all. `stall`: a run whose output has not grown for that many seconds is hung (a
+    deadlock at a barrier); set where a harness prints a line per case, so that a run slowed by a loaded machine
+    (ThreadSanitizer's beside a cold CI machine's gfx90a build took ~20 min against ~4 alone) is told from a hang by
+    its progress, not by the wall clock alone."""
     procs = []
     for exe in exes:
         with open(f"{exe}.out", "w") as out, open(f"{exe}.err", "w") as err:
             cmd = ["nice", "-n", "5", str(exe)]
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, **_RUN_ENV)))
+    start = time.monotonic()
+    grown = {exe: (0, start) for exe in exes}  # output size, and when it last grew
     try:
-        for proc in procs:
-            proc.wait(timeout=timeout)
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            for proc, exe in zip(procs, exes, strict=True):
+                size = Path(f"{exe}.out").stat().st_size
+                if size != grown[exe][0]:
+                    grown[exe] = (size, now)
+                if proc.poll() is None and stall is not None and now - grown[exe][1] > stall:
+                    raise AssertionError(
+                        f"{exe.name}: no output for {stall} s, a hang; its last lines:\n"
+                        + "\n".join(Path(f"{exe}.out").read_text().splitlines()[-5:])
+                    )
+            if now - start > timeout:
+                raise AssertionError(f"{', '.join(e.name for e in exes)}: still running after {timeout} s")
+            time.sleep(1)  # polling the runs' progress
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -71,12 +71,13 @@ def harness_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def thread_sanitizer_runs(tmp_path_factory):
     """harness.cpp for both surfaces under ThreadSanitizer, compiled at once, then run at once (the CUDA surface's
-    run is the longer: ~4 min on 2 cores, the HIP one's ~2)."""
+    run is the longer: ~4 min on 2 cores, the HIP one's ~2; beside a loaded machine's other work, several times
+    that). A run with no new case line for 10 minutes is a hang."""
     require_sources()
     tmp = tmp_path_factory.mktemp("attn-tsan")
     incs = kernel_part(tmp)
     exes = build_all([Build(tmp, "harness.cpp", s, incs, sanitize="thread") for s in SURFACES])
-    return dict(zip(SURFACES, run_all(exes, timeout=1800), strict=True))
+    return dict(zip(SURFACES, run_all(exes, timeout=3600, stall=600), strict=True))
 
 
 @pytest.mark.slow

@@ -313,6 +313,7 @@ static bool run_case(const attn_case & c0, int seed) {
 }
 
 int main() {
+    setvbuf(stdout, nullptr, _IOLBF, 0);  // a line per case as it ends: the test's watchdog reads progress from it
     const attn_case cases[] = {
         // tk, tv, dk, dv, n_head, n_head_kv, n_kv, ntok, n_stream, sinks, mask_f16, n_rot, nsm, nbuf
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,   1, 1, 1, false, false,   0, 132, 1}, // 8B shape
