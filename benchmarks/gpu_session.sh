@@ -20,17 +20,22 @@
 #   PHASE=attn4  ...   the split after the f16 mask and V*P's split-K: op tests, perf with and without split-K,
 #                      attn3's measurements
 #   PHASE=hipsplit ... the four attention modes on the MiMo shape at 0/64K under the HIP path's settings
+#   PHASE=budget ...   the split's scratch budget on the MiMo shape: pp512 at 64K and the compute buffers at 128K
+#                      (ub 512, 2048) at budgets 256 (the default), 384 and 512 MiB, side by side
+#   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
+#                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
 #                      MoE with its experts in CPU memory, -t = every core, llama-vq-server against llama-server)
 #   PHASE=split  ...   two GPUs: MiMo's layer split against one GPU (benchmarks/two_gpu.py; both GPUs visible)
-# Env: CARRY (.bench-carry), PYPACK (.bench-py.tar.xz), BUILD (/tmp/gpu-build), M (/tmp/models), REPS (2).
+# Env: CARRY (.bench-carry), PYPACK (.bench-py.tar.xz), BUILD (/tmp/gpu-build), M (/tmp/models), REPS (2), MODELS
+# (build: the synthetic models to generate, default all five: llama8b mimo mimo-tiny llama-tiny cpu-moe).
 # Everything a phase prints goes to $OUT/<phase>.txt too; the attention tables to $OUT/attn-modes-*.md/.json.
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -62,11 +67,15 @@ for l in sys.stdin: r=json.loads(l); print('scratch $mib MiB: pp512 @ d8192', ro
 case "$PHASE" in
 build)
     nproc
-    gen llama8b llama --preset llama-3.1-8b
-    gen mimo mimo --preset attn
-    gen mimo-tiny mimo --preset tiny
-    gen llama-tiny llama --preset tiny
-    gen cpu-moe mimo --preset cpu-moe
+    for m in ${MODELS:-llama8b mimo mimo-tiny llama-tiny cpu-moe}; do  # MODELS: the synthetic models to generate
+        case "$m" in
+            llama8b) gen llama8b llama --preset llama-3.1-8b ;;
+            mimo) gen mimo mimo --preset attn ;;
+            mimo-tiny) gen mimo-tiny mimo --preset tiny ;;
+            llama-tiny) gen llama-tiny llama --preset tiny ;;
+            cpu-moe) gen cpu-moe mimo --preset cpu-moe ;;
+        esac
+    done
     if ! built; then
         use_python
         setsid bash -c "
@@ -186,6 +195,30 @@ hipsplit)
         --env LLAMA_VQ_CUDA_FUSED_ATTN=1 --env LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 --env LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
         --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
     ;;
+budget)
+    # the scratch budget's trade: fewer, larger chunks against a larger compute buffer (target: <= 1.5x flash
+    # attention's at 128K); every budget in this one run, so that they compare side by side
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    for mib in ${BUDGETS:-256 384 512}; do
+        log "scratch budget $mib MiB"
+        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "h200-mimo-budget$mib" \
+            --ctk q8_0 --ctv q4_1 --depths 65536 --modes off --tg 0 --reps 1 --buffers 131072 --buffer-modes off \
+            --env "LLAMA_VQ_ATTN_SCRATCH_MIB=$mib" --out "$OUT" 2>&1 | tee -a "$OUT/$PHASE.txt"
+    done
+    ;;
+matrix)
+    # llama-vq-server against llama-server from this build, same flags, both up at once, in alternating rounds
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    use_python
+    python3 "$here/benchmarks/serve_bench.py" throughput --model "$M/synth-mimo.gguf" --python "$PY" \
+        --llama-server "$bin/llama-server" --extra "-ngl 999" --threads "${THREADS:-8}" --ctk q8_0 --ctv q4_0 --fa off \
+        --clients "${CLIENTS:-1,4,8}" --requests "${REQUESTS:-4}" --max-tokens "${MAX_TOKENS:-128}" \
+        --rounds "${ROUNDS:-3}" --request-timeout 60 --out /tmp/matrix 2>&1 | tee -a "$OUT/$PHASE.txt"
+    cp /tmp/matrix/throughput.json /tmp/matrix/throughput.md "$OUT/" 2>/dev/null
+    for f in /tmp/matrix/*.log; do [ -f "$f" ] && tail -c 60000 "$f" > "$OUT/matrix-$(basename "$f")"; done
+    ;;
 serve)
     built || { log "not built"; exit 1; }
     wait_model cpu-moe
@@ -202,6 +235,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"
