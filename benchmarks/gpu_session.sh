@@ -22,6 +22,8 @@
 #   PHASE=hipsplit ... the four attention modes on the MiMo shape at 0/64K under the HIP path's settings
 #   PHASE=budget ...   the split's scratch budget on the MiMo shape: pp512 at 64K and the compute buffers at 128K
 #                      (ub 512, 2048) at budgets 256 (the default), 384 and 512 MiB, side by side
+#   PHASE=splitk ...   the split's V*P GEMM settings at 32K and 64K (MiMo shape, pp512): the default, split-K only at
+#                      <= 8 tiles, that with the F16 GEMM, that at a 384 MiB budget; the unbounded graph beside them
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
@@ -35,7 +37,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -207,6 +209,23 @@ budget)
             --env "LLAMA_VQ_ATTN_SCRATCH_MIB=$mib" --out "$OUT" 2>&1 | tee -a "$OUT/$PHASE.txt"
     done
     ;;
+splitk)
+    # RESULTS' "the split's scratch budget and its V*P GEMM at 64K": which of its findings hold at other depths
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    for spec in default LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=8 LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=8+LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
+            LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=8+LLAMA_VQ_CUDA_FORCE_F16_GEMM=1+LLAMA_VQ_ATTN_SCRATCH_MIB=384; do
+        envs=()
+        [ "$spec" = default ] || for kv in ${spec//+/ }; do envs+=(--env "$kv"); done
+        log "split, $spec"
+        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "h200-mimo-splitk-${spec//[^A-Za-z0-9]/_}" \
+            --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-32768,65536}" --modes off --tg 0 --reps 1 ${envs[@]+"${envs[@]}"} \
+            --out /tmp/splitk 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+    done
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-splitk-unbounded \
+        --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-32768,65536}" --modes unbounded --tg 0 --reps 1 --out /tmp/splitk 2>&1 \
+        | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+    ;;
 matrix)
     # llama-vq-server against llama-server from this build, same flags, both up at once, in alternating rounds
     built || { log "not built"; exit 1; }
@@ -235,6 +254,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

@@ -224,14 +224,16 @@ static void out_prod_q_vec_launch(
 // OUT_PROD_Q_SPLIT_K_MIN values of k long, at most OUT_PROD_Q_SPLIT_K_MAX segments
 #define OUT_PROD_Q_SPLIT_K_MIN 2048
 #define OUT_PROD_Q_SPLIT_K_MAX 64
-// (LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0: never, for side-by-side measurements)
+// LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K, for side-by-side measurements: 0 never; N >= 2 only when the output has at most N
+// tiles (H200, a 64K-cell chunk of the split attention: split-K won at 8 tiles and lost at 12 and 16; benchmarks/RESULTS.md)
 static int64_t out_prod_q_gemm_splits(const int64_t m, const int64_t n, const int64_t k, const int64_t nmat, const int nsm) {
-    static const bool enabled = [] {
+    static const int64_t max_tiles = [] {
         const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K");
-        return env == nullptr || atoi(env) != 0;
+        const int64_t v = env == nullptr ? 1 : atoll(env);
+        return v == 1 ? INT64_MAX : v;  // 1 (or unset): the rule below alone
     }();
     const int64_t tiles = ((m + 127)/128)*((n + 127)/128)*nmat;
-    if (!enabled || tiles >= 2*nsm || k < 2*OUT_PROD_Q_SPLIT_K_MIN) {
+    if (max_tiles <= 0 || tiles > max_tiles || tiles >= 2*nsm || k < 2*OUT_PROD_Q_SPLIT_K_MIN) {
         return 1;
     }
     const int64_t want = (2*nsm + tiles - 1)/tiles;
