@@ -65,7 +65,7 @@ def harness_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("attn")
     incs = kernel_part(tmp)
     exes = build_all([Build(tmp, "harness.cpp", s, incs) for s in SURFACES])
-    return dict(zip(SURFACES, run_all(exes), strict=True))
+    return dict(zip(SURFACES, run_all(exes, timeout=3600, stall=600), strict=True))
 
 
 @pytest.fixture(scope="module")
