@@ -24,6 +24,10 @@
 #                      (ub 512, 2048) at budgets 256 (the default), 384 and 512 MiB, side by side
 #   PHASE=splitk ...   the split's V*P GEMM settings at 32K and 64K (MiMo shape, pp512): the default, split-K only at
 #                      <= 8 tiles, that with the F16 GEMM, that at a 384 MiB budget; the unbounded graph beside them
+#   PHASE=vonce1 ...   the split with V dequantized once per stream: op tests (NVIDIA and F16 GEMM), perf of the split
+#                      graph and V*P at 64K cells both ways
+#   PHASE=vonce2 ...   pp512 at 32K/64K (MiMo shape): V once (default) against per chunk, split-K off, budgets 384 and
+#                      512, unbounded; compute buffers at 128K
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
@@ -37,7 +41,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -226,6 +230,44 @@ splitk)
         --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-32768,65536}" --modes unbounded --tg 0 --reps 1 --out /tmp/splitk 2>&1 \
         | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
     ;;
+vonce1)
+    # the split attention with V dequantized once per stream (LLAMA_VQ_ATTN_V_F16, llama-vq-attn.h): op tests
+    # against the CPU (NVIDIA default and the HIP branch's F16 GEMM), then the split graph and V*P timed both ways
+    built || { log "not built"; exit 1; }
+    for f16 in 0 1; do
+        for op in ATTN_SPLIT OUT_PROD; do
+            LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16 timeout 200 "$bin/test-backend-ops" test -b CUDA0 -o $op \
+                > "$OUT/tbo-$op-f16gemm$f16.log" 2>&1
+            log "$op (LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16): $(grep -E 'tests passed|FAIL' "$OUT/tbo-$op-f16gemm$f16.log" \
+                | sort | uniq -c | head -3 | tr '\n' ' ')"
+        done
+    done
+    for sk in 1 0; do
+        log "perf, LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk: MiMo full layer at 64K cells, the split graph with V read per chunk and once"
+        LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_SPLIT,OUT_PROD \
+            -p 'n_kv=65536|k=9000' 2>&1 | grep -E "ATTN_|OUT_PROD" | tee -a "$OUT/$PHASE.txt"
+    done
+    ;;
+vonce2)
+    # pp512 at 32K and 64K on the MiMo shape (q8_0 / q4_1): the split with V once (the GPU default now) against V
+    # read per chunk, split-K off, larger budgets, and the unbounded graph; compute buffers at 128K
+    built || { log "not built"; exit 1; }
+    wait_model mimo
+    for spec in default LLAMA_VQ_ATTN_V_F16=0 LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0 LLAMA_VQ_ATTN_SCRATCH_MIB=384 \
+            LLAMA_VQ_ATTN_SCRATCH_MIB=512; do
+        envs=()
+        [ "$spec" = default ] || for kv in ${spec//+/ }; do envs+=(--env "$kv"); done
+        extra=()
+        case "$spec" in default|*MIB=384) extra=(--buffers 131072 --buffer-modes off) ;; esac
+        log "split, $spec"
+        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "h200-mimo-vonce-${spec//[^A-Za-z0-9]/_}" \
+            --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-32768,65536}" --modes off --tg 0 --reps 1 ${envs[@]+"${envs[@]}"} \
+            ${extra[@]+"${extra[@]}"} --out /tmp/vonce 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+    done
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-vonce-unbounded \
+        --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-32768,65536}" --modes unbounded --tg 0 --reps 1 --out /tmp/vonce 2>&1 \
+        | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+    ;;
 matrix)
     # llama-vq-server against llama-server from this build, same flags, both up at once, in alternating rounds
     built || { log "not built"; exit 1; }
@@ -254,6 +296,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

@@ -1,6 +1,7 @@
-// llama-vq: OUT_PROD with a quantized src0 (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl) for ggml-cuda and ggml-hip.
+// llama-vq: OUT_PROD with a quantized src0 (q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl) for ggml-cuda and ggml-hip, and
+// with a contiguous f16 src0 (the split attention's V, dequantized once for all of its chunks: F16 GEMM).
 // Hooked in by patch 0005-cuda-out-prod-quantized: out-prod.cuh includes out-prod-q.cuh, ggml_cuda_out_prod hands a
-// quantized src0 to ggml_cuda_out_prod_q, ggml-cuda.cu's supports_op and CUDA-graph check ask the two predicates.
+// quantized or f16 src0 to ggml_cuda_out_prod_q, ggml-cuda.cu's supports_op and CUDA-graph check ask the two predicates.
 
 #include "out-prod-q.cuh"
 #include "dequantize-x8.cuh"
@@ -176,6 +177,9 @@ static void out_prod_q_combine_cuda(const float * tmp, float * dst, const int64_
 }
 
 bool ggml_cuda_out_prod_q_supported(const ggml_tensor * src0) {
+    if (src0->type == GGML_TYPE_F16) {
+        return ggml_is_contiguous(src0); // the GEMM path reads it in place
+    }
     return dequantize_x8_type_supported(src0->type) && src0->nb[0] == ggml_type_size(src0->type);
 }
 
@@ -204,6 +208,9 @@ static bool out_prod_q_use_vec(const int64_t ncols, const int64_t ne00, const in
 // llama-vq: whether out_prod_q_cuda takes its GEMM path (dequantize + cuBLAS) for this dst, i.e. not the vector kernel
 bool ggml_cuda_out_prod_q_uses_gemm(const ggml_tensor * dst) {
     const ggml_tensor * src0 = dst->src[0];
+    if (src0->type == GGML_TYPE_F16) {
+        return true;
+    }
     const int64_t ncols_total = dst->ne[1]*(dst->ne[2]/src0->ne[2])*(dst->ne[3]/src0->ne[3]);
     return !out_prod_q_use_vec(ncols_total, src0->ne[0], src0->ne[1]);
 }
@@ -252,8 +259,17 @@ static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) 
     const int64_t dps2 = ne2 / ne02;
     const int64_t dps3 = ne3 / ne03;
 
-    ggml_cuda_pool_alloc<T> src0_t(ctx.pool(), ggml_nelements(src0));
-    dequantize_x8_rows_cuda<T>(src0->type, src0->data, src0_t.get(), ne00, ne01, ne02, ne03, nb01, nb02, nb03, stream);
+    // src0 as T: dequantized here, or an f16 src0 (contiguous: ggml_cuda_out_prod_q_supported) read in place
+    ggml_cuda_pool_alloc<T> src0_alloc(ctx.pool());
+    const T * src0_t = nullptr;
+    if (src0->type == GGML_TYPE_F16) {
+        GGML_ASSERT((std::is_same_v<T, half>));
+        src0_t = (const T *) src0->data;
+    } else {
+        src0_alloc.alloc(ggml_nelements(src0));
+        dequantize_x8_rows_cuda<T>(src0->type, src0->data, src0_alloc.get(), ne00, ne01, ne02, ne03, nb01, nb02, nb03, stream);
+        src0_t = src0_alloc.get();
+    }
 
     // src1 with k fastest: the transposed view of a contiguous [ne11, ne10, ne12, ne13] tensor (kq) already is
     const bool src1_k_contiguous = nb11 == sizeof(float) && nb10 == ne11*nb11 && nb12 == ne10*nb10 && nb13 == ne12*nb12;
@@ -278,7 +294,7 @@ static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) 
     if (nsplit == 1) {
         for (int64_t i3 = 0; i3 < ne3; ++i3) {
             gemm_strided_batched_cuda<T>(handle, false, ne0, ne1*dps2, ne01,
-                    src0_t.get() + (i3/dps3)*ne02*ne01*ne00, ne00, ne01*ne00,
+                    src0_t       + (i3/dps3)*ne02*ne01*ne00, ne00, ne01*ne00,
                     src1_t_ptr   +  i3*ne2*ne1*ne11,         ne11, dps2*ne1*ne11,
                     (float *) dst->data + i3*ne2*ne1*ne0,    ne0,  dps2*ne1*ne0,
                     ne02);
@@ -297,7 +313,7 @@ static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) 
     ggml_cuda_pool_alloc<float> part(ctx.pool(), nseg*ne);
     for (int64_t i3 = 0; i3 < ne3; ++i3) {
         for (int64_t i02 = 0; i02 < ne02; ++i02) {
-            const T * a = src0_t.get() + ((i3/dps3)*ne02 + i02)*ne01*ne00;
+            const T * a = src0_t       + ((i3/dps3)*ne02 + i02)*ne01*ne00;
             const T * b = src1_t_ptr   + i3*ne2*ne1*ne11 + i02*dps2*ne1*ne11;
             float   * c = part.get()   + i3*ne2*ne1*ne0  + i02*dps2*ne1*ne0;
             gemm_strided_batched_cuda<T>(handle, false, ne0, ne1*dps2, kseg,
@@ -415,6 +431,12 @@ void ggml_cuda_out_prod_q(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
 
     if (ne01 == 0) {
         CUDA_CHECK(cudaMemsetAsync(dst->data, 0, ggml_nbytes(dst), ctx.stream()));
+        return;
+    }
+
+    if (src0->type == GGML_TYPE_F16) {
+        // a V dequantized once for all chunks of the split attention (llama-vq-attn.h): the F16 GEMM, f32 accumulation
+        out_prod_q_gemm<half>(ctx, dst);
         return;
     }
 

@@ -670,9 +670,14 @@ struct test_attn_decode_fused : public test_case {
 // read row-major by OUT_PROD; an f16 V (flash attention's layout, prefill mode) is transposed once per stream.
 struct test_attn_split : public test_attn_decode_fused {
     const int64_t chunk;
+    const int     v_mode; // a quantized V: read by each chunk (LLAMA_VQ_ATTN_V_QUANT) or dequantized once (_F16)
 
     std::string vars() override {
-        return VARS_TO_STR12(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, n_stream, chunk, type_mask);
+        std::string v = VARS_TO_STR12(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, n_stream, chunk, type_mask);
+        if (v_mode == LLAMA_VQ_ATTN_V_F16) {
+            v += ",v_once=f16";
+        }
+        return v;
     }
 
     std::string op_desc(ggml_tensor * t) override {
@@ -682,9 +687,10 @@ struct test_attn_split : public test_attn_decode_fused {
 
     test_attn_split(ggml_type type_k, ggml_type type_v, int64_t d_k, int64_t d_v, int64_t n_head, int64_t n_head_kv,
             int64_t n_kv, int64_t n_tokens, bool sinks, int64_t n_stream, int64_t chunk,
-            ggml_type type_mask = GGML_TYPE_F32) // f16: llama.cpp's input mask when the attention is split
+            ggml_type type_mask = GGML_TYPE_F32, // f16: llama.cpp's input mask when the attention is split
+            int v_mode = LLAMA_VQ_ATTN_V_QUANT)
         : test_attn_decode_fused(type_k, type_v, d_k, d_v, n_head, n_head_kv, n_kv, n_tokens, sinks, 0, n_stream, type_mask),
-          chunk(chunk) {}
+          chunk(chunk), v_mode(v_mode) {}
 
     ggml_tensor * build_graph(ggml_context * ctx) override {
         const attn_inputs in = build_inputs(ctx);
@@ -693,6 +699,7 @@ struct test_attn_split : public test_attn_decode_fused {
         p.kq_scale = 1.0f/sqrtf((float) d_k);
         p.scratch  = (size_t) chunk*n_kv*n_head*sizeof(float); // exactly `chunk` tokens' scores
         p.il       = -1;
+        p.v_f16    = v_mode;
         ggml_tensor * out = llama_vq_attn_split(ctx, in.q, in.k, in.v, false, in.mask, nullptr, in.sinks, nullptr, p);
         GGML_ASSERT(out != nullptr && "the case's scores must exceed its budget");
         ggml_set_name(out, "out");
@@ -938,6 +945,21 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 6500,  24, false, 1,   8, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  20, true,  2,   8, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_F16,  GGML_TYPE_F16,   64,  64,  9, 3,  512,  20, false, 2,   8));
+    // a quantized V dequantized to f16 once per stream, each chunk's OUT_PROD reading the f16 copy (the default on
+    // GPUs): MiMo's full and SWA shapes with the f16 mask (split-K segments, sinks, 2 streams), 8B, one token per chunk
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 4096,  40, false, 1,   8, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 6500,  24, false, 1,   8, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  20, true,  2,   8, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  512,  37, false, 1,   8, GGML_TYPE_F32, LLAMA_VQ_ATTN_V_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0,  64,  64,  9, 3,  768,  50, false, 1,  10, GGML_TYPE_F32, LLAMA_VQ_ATTN_V_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  256,   5, false, 1,   1, GGML_TYPE_F32, LLAMA_VQ_ATTN_V_F16));
+    // OUT_PROD with a contiguous f16 src0 (that copy): broadcast over dims 2 and 3, few and many columns, and a
+    // long k whose few output tiles take the split-K GEMM on CUDA
+    for (bool trans_b : {false, true}) {
+        test_cases.emplace_back(new test_out_prod(GGML_TYPE_F16, GGML_TYPE_F32, 128, 4,   300, {2, 2}, {2, 2}, trans_b));
+        test_cases.emplace_back(new test_out_prod(GGML_TYPE_F16, GGML_TYPE_F32, 128, 100, 300, {2, 1}, {4, 1}, trans_b));
+    }
+    test_cases.emplace_back(new test_out_prod(GGML_TYPE_F16, GGML_TYPE_F32, 128, 256, 9000, {4, 1}, {1, 1}, true));
 }
 
 // llama-vq's performance cases, in test-backend-ops' make_test_cases_perf()
@@ -973,6 +995,7 @@ static void llama_vq_test_cases_perf(std::vector<std::unique_ptr<test_case>> & t
         test_cases.emplace_back(new test_out_prod_kqv(GGML_TYPE_Q4_1, 128, 65536, 4, 16, n_tokens, 1));
     }
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 1, 16, GGML_TYPE_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 1, 16, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
     test_cases.emplace_back(new test_attn_decode_fused(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 0, 1, GGML_TYPE_F16));
 
     // non-FA attention K*Q at the same shapes: quantized K against f16 K

@@ -18,11 +18,13 @@
 // checks the split graph on every backend against the CPU.
 
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include <algorithm>
 #include <cinttypes>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 struct llama_vq_attn_split_params {
     float  kq_scale;
@@ -31,7 +33,37 @@ struct llama_vq_attn_split_params {
     float  pre_softcap;    // 1/softcap, or Grok's output multiplier over its softcap
     size_t scratch;        // bytes the scores of one chunk may take
     int    il;             // layer, for the tensors' names (-1: none)
+    int    v_f16;          // a quantized row-major V: LLAMA_VQ_ATTN_V_AUTO (0), _QUANT or _F16 (below)
 };
+
+// How the chunks of a quantized row-major V read it (V*P):
+//   QUANT: each chunk's OUT_PROD reads the quantized V (a GPU's GEMM dequantizes all of it again for every chunk:
+//          at 64K cells and 16-token chunks that is most of the split's cost on the H200, benchmarks/RESULTS.md)
+//   F16:   V dequantized once per stream into an f16 copy [d_v, n_kv, n_head_kv] that every chunk's OUT_PROD reads
+//          (CUDA/HIP: the F16 GEMM in place, f32 accumulation); n_kv x d_v x n_head_kv x 2 bytes more scratch
+//          (128 MiB at 128K cells on the MiMo shape), V rounded to f16 as the HIP GEMM rounds it anyway
+//   AUTO:  LLAMA_VQ_ATTN_V_F16=0/1 when set, else F16 when V lives in a device's (non-host) buffer and QUANT on
+//          the CPU, whose OUT_PROD reads the quantized blocks in place (no copy to amortise)
+enum {
+    LLAMA_VQ_ATTN_V_AUTO  = 0,
+    LLAMA_VQ_ATTN_V_QUANT = 1,
+    LLAMA_VQ_ATTN_V_F16   = 2,
+};
+
+static inline bool llama_vq_attn_split_v_f16(const ggml_tensor * v, int mode) {
+    if (!ggml_is_quantized(v->type) || mode == LLAMA_VQ_ATTN_V_QUANT) {
+        return false;
+    }
+    if (mode == LLAMA_VQ_ATTN_V_F16) {
+        return true;
+    }
+    const char * env = getenv("LLAMA_VQ_ATTN_V_F16");
+    if (env != nullptr && *env != '\0') {
+        return atoi(env) != 0;
+    }
+    const ggml_backend_buffer_t buf = v->view_src ? v->view_src->buffer : v->buffer;
+    return buf != nullptr && !ggml_backend_buffer_is_host(buf);
+}
 
 // default scratch budget of the split attention (MiB), when neither the API nor LLAMA_VQ_ATTN_SCRATCH_MIB sets one
 #define LLAMA_VQ_ATTN_SCRATCH_MIB_DEFAULT 256
@@ -56,7 +88,7 @@ static inline int64_t llama_vq_attn_split_nodes(int64_t n_kv, int64_t n_tokens, 
         return 0;
     }
     const int64_t per_chunk  = 24; // views, the matrix products, softmax, the output's copy and set (+ MLA, softcap)
-    const int64_t per_stream = 8;  // K, V, mask views and V's transposed copy
+    const int64_t per_stream = 8;  // K, V, mask views and V's copies (f32 and f16, or transposed)
     return n_stream * (n_chunks * per_chunk + per_stream) + 4;
 }
 
@@ -127,6 +159,7 @@ static inline ggml_tensor * llama_vq_attn_split(
     }
     const int64_t r   = n_head / n_head_kv; // query heads per KV head: head h reads KV head h / r
     const int64_t d_v = v_trans ? v->ne[1] : v->ne[0];
+    const bool    v_f16 = !v_trans && llama_vq_attn_split_v_f16(v, p.v_f16);
 
     ggml_tensor * out = nullptr; // [d_v, n_head, n_tokens, n_stream]
 
@@ -134,7 +167,14 @@ static inline ggml_tensor * llama_vq_attn_split(
         ggml_tensor * ks = ggml_view_3d(ctx, k, d_k, n_kv, n_head_kv, k->nb[1], k->nb[2], s*k->nb[3]);
         ggml_tensor * vs = ggml_view_3d(ctx, v, v->ne[0], v->ne[1], n_head_kv, v->nb[1], v->nb[2], s*v->nb[3]);
         bool vs_trans = v_trans;
-        if (!vs_trans && !ggml_is_quantized(vs->type)) {
+        if (v_f16) {
+            // a quantized V dequantized once per stream (llama_vq_attn_split_v_f16): to f32 (the quantized types'
+            // copy on every backend), then to f16, both contiguous; the f32 copy is free again before the chunks'
+            // scores are allocated. Each chunk's OUT_PROD reads the f16 rows (CUDA/HIP: the F16 GEMM in place)
+            vs = ggml_cast(ctx, vs, GGML_TYPE_F32);
+            vs = ggml_cast(ctx, vs, GGML_TYPE_F16);
+            llama_vq_attn_name(vs, "v_f16", p.il, s, 0);
+        } else if (!vs_trans && !ggml_is_quantized(vs->type)) {
             // a row-major f16/f32 V (flash attention's layout): transposed once per stream, not once per chunk
             vs = ggml_cont(ctx, ggml_transpose(ctx, vs));
             llama_vq_attn_name(vs, "v_cont", p.il, s, 0);
@@ -175,7 +215,7 @@ static inline ggml_tensor * llama_vq_attn_split(
             ggml_tensor * pc = ggml_reshape_3d(ctx, kq, n_kv, nc*r, n_head_kv);
             ggml_tensor * kqv = vs_trans
                 ? ggml_mul_mat(ctx, vs, pc)                          // vs: [n_kv, d_v, n_head_kv]
-                : ggml_out_prod(ctx, vs, ggml_transpose(ctx, pc));   // vs: [d_v, n_kv, n_head_kv], quantized rows
+                : ggml_out_prod(ctx, vs, ggml_transpose(ctx, pc));   // vs: [d_v, n_kv, n_head_kv], quantized or f16 rows
             llama_vq_attn_name(kqv, "kqv", p.il, s, t0);
             kqv = ggml_reshape_3d(ctx, kqv, d_v, nc, n_head);
 
