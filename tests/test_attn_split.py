@@ -251,7 +251,6 @@ def test_split_attention_on_another_device_holds_one_f16_mask(llama_vq, smollm2_
     assert split["CPU"] <= fa["CPU"]
 
 
-
 @pytest.mark.parametrize("model,type_k,type_v", [("smollm2", "q8_0", "q4_0"), ("mimo", "q8_0", "q4_1")])
 def test_v_dequantized_once_to_f16_is_as_close_to_f16_as_the_unsplit_graph(
     llama_vq, request, scratch, monkeypatch, model, type_k, type_v
@@ -275,8 +274,10 @@ def test_v_dequantized_once_to_f16_is_as_close_to_f16_as_the_unsplit_graph(
     before = _counts()[2]
     once = compare(ref, eval_logits(llm, tokens), tokens)
     splits = _counts()[2] - before
-    print(f"\n[{model} {type_k}/{type_v}] vs f16: unsplit {unsplit}\n  split, V once to f16 ({splits} split ops) {once}"
-          f"\n  floor (f16 FA off vs on) {floor}")
+    print(
+        f"\n[{model} {type_k}/{type_v}] vs f16: unsplit {unsplit}\n  split, V once to f16 ({splits} split ops) {once}"
+        f"\n  floor (f16 FA off vs on) {floor}"
+    )
     assert splits > 0, "the small budget did not split the batch: nothing was tested"
     assert once.kl_mean <= unsplit.kl_mean + floor.kl_mean
     assert once.top1 >= unsplit.top1 - (1 - floor.top1)
