@@ -33,7 +33,8 @@
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
 #                      MoE with its experts in CPU memory, -t = every core, llama-vq-server against llama-server)
 #   PHASE=split  ...   two GPUs: MiMo's layer split against one GPU (benchmarks/two_gpu.py; both GPUs visible)
-# Env: CARRY (.bench-carry), PYPACK (.bench-py.tar.xz), BUILD (/tmp/gpu-build), M (/tmp/models), REPS (2), MODELS
+# Env: CARRY (.bench-carry), PYPACK (.bench-py.tar.xz), BUILD (/tmp/gpu-build), M (/tmp/models), REPS (2), CUDA_FA (ON;
+# OFF builds no flash-attention kernels: faster, for phases that run no flash attention), MODELS
 # (build: the synthetic models to generate, default all five: llama8b mimo mimo-tiny llama-tiny cpu-moe).
 # Everything a phase prints goes to $OUT/<phase>.txt too; the attention tables to $OUT/attn-modes-*.md/.json.
 set -u
@@ -86,7 +87,7 @@ build)
         use_python
         setsid bash -c "
             cmake -S '$here' -B '$B' -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC='$C/llama.cpp' \
-                -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=ON \
+                -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=${CUDA_FA:-ON} \
                 -DLLAMA_VQ_BUILD_TOOLS=ON -DPython3_EXECUTABLE='$PY' > '$B.log' 2>&1 &&
             cmake --build '$B' -j $(nproc) --target llama ggml ggml-base ggml-cpu ggml-cuda ggml-rpc llama-common \
                 llama-vq-chat llama-vq-server mtmd llama-bench llama-perplexity test-backend-ops ggml-rpc-server \
