@@ -254,7 +254,7 @@ vonce2)
     # chunk, split-K off, a larger budget, and the unbounded graph; compute buffers at 128K
     built || { log "not built"; exit 1; }
     wait_model mimo
-    for spec in default LLAMA_VQ_ATTN_V_F16=0 LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0 LLAMA_VQ_ATTN_SCRATCH_MIB=384; do
+    for spec in ${SPECS:-default LLAMA_VQ_ATTN_V_F16=0 LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0 LLAMA_VQ_ATTN_SCRATCH_MIB=384}; do
         envs=()
         [ "$spec" = default ] || for kv in ${spec//+/ }; do envs+=(--env "$kv"); done
         extra=()
