@@ -255,7 +255,7 @@ def test_split_attention_on_another_device_holds_one_f16_mask(llama_vq, smollm2_
 def test_v_dequantized_once_to_f16_is_as_close_to_f16_as_the_unsplit_graph(
     llama_vq, request, scratch, monkeypatch, model, type_k, type_v
 ):
-    """LLAMA_VQ_ATTN_V_F16=1 (the default where V is in a GPU's memory): the split dequantizes a quantized V once per
+    """LLAMA_VQ_ATTN_V_F16=1 (opt-in, off by default): the split dequantizes a quantized V once per
     stream to f16 and every chunk's V*P reads that copy. V rounded to f16 is not bit-identical to the quantized
     path (SmolLM2 turns such a rounding into KL ~1e-2 between the two runs, as flash attention on vs off does), so,
     as decision 8 has it, both are held against the f16 cache: the once-to-f16 split's KL from f16 is the unsplit

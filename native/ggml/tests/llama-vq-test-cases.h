@@ -945,8 +945,8 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 6500,  24, false, 1,   8, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  20, true,  2,   8, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_F16,  GGML_TYPE_F16,   64,  64,  9, 3,  512,  20, false, 2,   8));
-    // a quantized V dequantized to f16 once per stream, each chunk's OUT_PROD reading the f16 copy (the default on
-    // GPUs): MiMo's full and SWA shapes with the f16 mask (split-K segments, sinks, 2 streams), 8B, one token per chunk
+    // a quantized V dequantized to f16 once per stream, each chunk's OUT_PROD reading the f16 copy (LLAMA_VQ_ATTN_V_F16=1):
+    // MiMo's full and SWA shapes with the f16 mask (split-K segments, sinks, 2 streams), 8B, one token per chunk
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 4096,  40, false, 1,   8, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 6500,  24, false, 1,   8, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  20, true,  2,   8, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));

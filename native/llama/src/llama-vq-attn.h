@@ -18,7 +18,6 @@
 // checks the split graph on every backend against the CPU.
 
 #include "ggml.h"
-#include "ggml-backend.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -37,13 +36,13 @@ struct llama_vq_attn_split_params {
 };
 
 // How the chunks of a quantized row-major V read it (V*P):
-//   QUANT: each chunk's OUT_PROD reads the quantized V (a GPU's GEMM dequantizes all of it again for every chunk:
-//          at 64K cells and 16-token chunks that is most of the split's cost on the H200, benchmarks/RESULTS.md)
+//   QUANT: each chunk's OUT_PROD reads the quantized V (a GPU's GEMM dequantizes all of it again for every chunk)
 //   F16:   V dequantized once per stream into an f16 copy [d_v, n_kv, n_head_kv] that every chunk's OUT_PROD reads
 //          (CUDA/HIP: the F16 GEMM in place, f32 accumulation); n_kv x d_v x n_head_kv x 2 bytes more scratch
 //          (128 MiB at 128K cells on the MiMo shape), V rounded to f16 as the HIP GEMM rounds it anyway
-//   AUTO:  LLAMA_VQ_ATTN_V_F16=0/1 when set, else F16 when V lives in a device's (non-host) buffer and QUANT on
-//          the CPU, whose OUT_PROD reads the quantized blocks in place (no copy to amortise)
+//   AUTO:  LLAMA_VQ_ATTN_V_F16=1 gives F16, else QUANT. Measured on an H100 (MiMo shape, 64K cells, pp512;
+//          benchmarks/RESULTS.md): F16 prefills 1.05x faster but takes the compute buffer at 128K, ub 2048 to 1.55x
+//          flash attention's (the target is 1.5x), so it is not the default; MI210 may weigh it otherwise
 enum {
     LLAMA_VQ_ATTN_V_AUTO  = 0,
     LLAMA_VQ_ATTN_V_QUANT = 1,
@@ -58,11 +57,7 @@ static inline bool llama_vq_attn_split_v_f16(const ggml_tensor * v, int mode) {
         return true;
     }
     const char * env = getenv("LLAMA_VQ_ATTN_V_F16");
-    if (env != nullptr && *env != '\0') {
-        return atoi(env) != 0;
-    }
-    const ggml_backend_buffer_t buf = v->view_src ? v->view_src->buffer : v->buffer;
-    return buf != nullptr && !ggml_backend_buffer_is_host(buf);
+    return env != nullptr && atoi(env) != 0;
 }
 
 // default scratch budget of the split attention (MiB), when neither the API nor LLAMA_VQ_ATTN_SCRATCH_MIB sets one
@@ -170,9 +165,11 @@ static inline ggml_tensor * llama_vq_attn_split(
         if (v_f16) {
             // a quantized V dequantized once per stream (llama_vq_attn_split_v_f16): to f32 (the quantized types'
             // copy on every backend), then to f16, both contiguous; the f32 copy is free again before the chunks'
-            // scores are allocated. Each chunk's OUT_PROD reads the f16 rows (CUDA/HIP: the F16 GEMM in place)
-            vs = ggml_cast(ctx, vs, GGML_TYPE_F32);
-            vs = ggml_cast(ctx, vs, GGML_TYPE_F16);
+            // scores are allocated. Each chunk's OUT_PROD reads the f16 rows (CUDA/HIP: the F16 GEMM in place).
+            // ggml_cpy into new tensors, not ggml_cast: a cast is its own src[1], which ggml_backend_graph_copy
+            // (test-backend-ops) copies as a null source
+            vs = ggml_cpy(ctx, vs, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, vs->ne[0], vs->ne[1], vs->ne[2]));
+            vs = ggml_cpy(ctx, vs, ggml_new_tensor_3d(ctx, GGML_TYPE_F16, vs->ne[0], vs->ne[1], vs->ne[2]));
             llama_vq_attn_name(vs, "v_f16", p.il, s, 0);
         } else if (!vs_trans && !ggml_is_quantized(vs->type)) {
             // a row-major f16/f32 V (flash attention's layout): transposed once per stream, not once per chunk
