@@ -26,8 +26,8 @@
 #                      <= 8 tiles, that with the F16 GEMM, that at a 384 MiB budget; the unbounded graph beside them
 #   PHASE=vonce1 ...   the split with V dequantized once per stream: op tests (NVIDIA and F16 GEMM), perf of the split
 #                      graph and V*P at 64K cells both ways
-#   PHASE=vonce2 ...   pp512 at 64K (MiMo shape): V once (default) against per chunk, split-K off, a 384 MiB budget,
-#                      unbounded; compute buffers at 128K
+#   PHASE=vonce2 ...   pp512 at 64K (MiMo shape): V per chunk (default) against V once, that with split-K off and a
+#                      384 MiB budget, unbounded; compute buffers at 128K
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
@@ -250,21 +250,22 @@ vonce1)
     done
     ;;
 vonce2)
-    # pp512 at 64K on the MiMo shape (q8_0 / q4_1): the split with V once (the GPU default now) against V read per
-    # chunk, split-K off, a larger budget, and the unbounded graph; compute buffers at 128K
+    # pp512 at 64K on the MiMo shape (q8_0 / q4_1): the split (V read by each chunk, the default) against V dequantized
+    # once (LLAMA_VQ_ATTN_V_F16=1), that with split-K off and with a larger budget, and the unbounded graph; compute
+    # buffers at 128K
     built || { log "not built"; exit 1; }
     wait_model mimo
-    for spec in ${SPECS:-default LLAMA_VQ_ATTN_V_F16=0 LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0 LLAMA_VQ_ATTN_SCRATCH_MIB=384}; do
+    for spec in ${SPECS:-default LLAMA_VQ_ATTN_V_F16=1 LLAMA_VQ_ATTN_V_F16=1+LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=0 LLAMA_VQ_ATTN_V_F16=1+LLAMA_VQ_ATTN_SCRATCH_MIB=384}; do
         envs=()
         [ "$spec" = default ] || for kv in ${spec//+/ }; do envs+=(--env "$kv"); done
         extra=()
-        case "$spec" in default|*MIB=384) extra=(--buffers 131072 --buffer-modes off) ;; esac
+        case "$spec" in default|LLAMA_VQ_ATTN_V_F16=1|*MIB=384) extra=(--buffers 131072 --buffer-modes off) ;; esac
         log "split, $spec"
-        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "h200-mimo-vonce-${spec//[^A-Za-z0-9]/_}" \
+        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "mimo-vonce-${spec//[^A-Za-z0-9]/_}" \
             --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes off --tg 0 --reps 1 ${envs[@]+"${envs[@]}"} \
             ${extra[@]+"${extra[@]}"} --out /tmp/vonce 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
     done
-    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-vonce-unbounded \
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label mimo-vonce-unbounded \
         --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes unbounded --tg 0 --reps 1 --out /tmp/vonce 2>&1 \
         | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
     ;;
