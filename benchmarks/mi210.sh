@@ -24,7 +24,8 @@
 #   6. attention modes, side by side in one binary: for the 8B shape (0/8K/32K) and MiMo's (0/64K),
 #      q4_0/q4_0 and q8_0/q4_1, prefill (pp512) and decode (tg64) with flash attention off (llama-vq's split
 #      non-FA attention), on, in prefill mode (FA for prompts, llama-vq's for decode) and unbounded (the non-FA
-#      attention without a scratch budget); prints which -fa to choose on this GPU (benchmarks/attn_modes.py)
+#      attention without a scratch budget); prints which -fa to choose on this GPU (benchmarks/attn_modes.py); and
+#      MiMo's split at 64K with V dequantized once per stream (LLAMA_VQ_ATTN_V_F16=1) beside its default
 # Env: GPU_TARGETS (gfx90a), HIP_VISIBLE_DEVICES (0: one GPU), REPS (llama-bench repetitions, 2), TG (decode tokens,
 #   64), DEPTHS_8B (0,8192,32768), DEPTHS_MIMO (0,65536), PAIRS_8B ("f16,f16 q4_0,q4_0 q8_0,q8_0": K,V pairs, f16
 #   first), PAIRS_MIMO ("f16,f16 q4_0,q4_0 q8_0,q4_1"), KL_MODEL, KL_CHUNKS (8), STEPS ("2 3 4 6"), DEADLINE (s after
@@ -248,6 +249,14 @@ if [[ $steps == *" 6 "* ]]; then
             if [ -f "$OUT/attn-modes-mi210-$1.md" ]; then cat "$OUT/attn-modes-mi210-$1.md" >> "$report"
             else log "attn_modes.py wrote no table for $1: $(tail -3 "$OUT/attn-modes-$1.out" | tr '\n' ' ')"; fail=1; fi
         done
+        # the split with V dequantized once per stream (LLAMA_VQ_ATTN_V_F16=1; off by default: +5 % prefill on an
+        # H100 for +233 MiB of compute buffer at 128K, ub 2048): set its pp512 at 64K beside the table's "off" row
+        if generated mimo; then
+            "$py" benchmarks/attn_modes.py --bin "$bin" --model "$models/synth-mimo.gguf" --label mi210-mimo-v-once \
+                --ctk q8_0 --ctv q4_1 --depths 65536 --modes off --tg 0 --reps 1 --env LLAMA_VQ_ATTN_V_F16=1 \
+                --out "$OUT" > "$OUT/attn-modes-mimo-v-once.out" 2>&1 || fail=1
+            [ -f "$OUT/attn-modes-mi210-mimo-v-once.md" ] && cat "$OUT/attn-modes-mi210-mimo-v-once.md" >> "$report"
+        fi
     fi
 fi
 [ "$fail" = 0 ] && log "done: $OUT" || log "done with failures: $OUT"
