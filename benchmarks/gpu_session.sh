@@ -71,6 +71,18 @@ for l in sys.stdin: r=json.loads(l); print('scratch $mib MiB: pp512 @ d8192', ro
     done
 }
 
+# ATTN_SPLIT and OUT_PROD on CUDA0 against the CPU, NVIDIA's default GEMM and the HIP branch's F16 GEMM
+split_op_tests() {
+    for f16 in 0 1; do
+        for op in ATTN_SPLIT OUT_PROD; do
+            LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16 timeout 200 "$bin/test-backend-ops" test -b CUDA0 -o $op \
+                > "$OUT/tbo-$op-f16gemm$f16.log" 2>&1
+            log "$op (LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16): $(grep -E 'tests passed|FAIL' "$OUT/tbo-$op-f16gemm$f16.log" \
+                | sort | uniq -c | head -3 | tr '\n' ' ')"
+        done
+    done
+}
+
 case "$PHASE" in
 build)
     nproc
@@ -167,14 +179,7 @@ attn4)
     # (NVIDIA default and the HIP path's F16 GEMM), the chunk's V*P and the split graph timed with and without
     # split-K, then attn3's measurements
     built || { log "not built"; exit 1; }
-    for f16 in 0 1; do
-        for op in ATTN_SPLIT OUT_PROD; do
-            LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16 timeout 200 "$bin/test-backend-ops" test -b CUDA0 -o $op \
-                > "$OUT/tbo-$op-f16gemm$f16.log" 2>&1
-            log "$op (LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16): $(grep -E 'tests passed|FAIL' "$OUT/tbo-$op-f16gemm$f16.log" \
-                | sort | uniq -c | head -3 | tr '\n' ' ')"
-        done
-    done
+    split_op_tests
     for sk in 1 0; do
         log "perf, LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk: MiMo full layer at 64K cells, V*P of a 16-token chunk and of 512 tokens; split and unsplit graphs"
         LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD \
@@ -235,14 +240,7 @@ vonce1)
     # the split attention with V dequantized once per stream (LLAMA_VQ_ATTN_V_F16, llama-vq-attn.h): op tests
     # against the CPU (NVIDIA default and the HIP branch's F16 GEMM), then the split graph and V*P timed both ways
     built || { log "not built"; exit 1; }
-    for f16 in 0 1; do
-        for op in ATTN_SPLIT OUT_PROD; do
-            LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16 timeout 200 "$bin/test-backend-ops" test -b CUDA0 -o $op \
-                > "$OUT/tbo-$op-f16gemm$f16.log" 2>&1
-            log "$op (LLAMA_VQ_CUDA_FORCE_F16_GEMM=$f16): $(grep -E 'tests passed|FAIL' "$OUT/tbo-$op-f16gemm$f16.log" \
-                | sort | uniq -c | head -3 | tr '\n' ' ')"
-        done
-    done
+    split_op_tests
     for sk in 1 0; do
         log "perf, LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk: MiMo full layer at 64K cells, the split graph with V read per chunk and once"
         LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K=$sk "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_SPLIT,OUT_PROD \
