@@ -953,11 +953,12 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  512,  37, false, 1,   8, GGML_TYPE_F32, LLAMA_VQ_ATTN_V_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0,  64,  64,  9, 3,  768,  50, false, 1,  10, GGML_TYPE_F32, LLAMA_VQ_ATTN_V_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  256,   5, false, 1,   1, GGML_TYPE_F32, LLAMA_VQ_ATTN_V_F16));
-    // OUT_PROD with a contiguous f16 src0 (that copy): broadcast over dims 2 and 3, few and many columns, and a
-    // long k whose few output tiles take the split-K GEMM on CUDA
+    // OUT_PROD with a contiguous f16 src0 (that copy): several matrices in dims 2 and 3 (without broadcast, which
+    // the CPU's f16 OUT_PROD does not take: such cases would only be skipped), few and many columns, and a long k
+    // whose few output tiles take the split-K GEMM on CUDA
     for (bool trans_b : {false, true}) {
-        test_cases.emplace_back(new test_out_prod(GGML_TYPE_F16, GGML_TYPE_F32, 128, 4,   300, {2, 2}, {2, 2}, trans_b));
-        test_cases.emplace_back(new test_out_prod(GGML_TYPE_F16, GGML_TYPE_F32, 128, 100, 300, {2, 1}, {4, 1}, trans_b));
+        test_cases.emplace_back(new test_out_prod(GGML_TYPE_F16, GGML_TYPE_F32, 128, 4,   300, {2, 2}, {1, 1}, trans_b));
+        test_cases.emplace_back(new test_out_prod(GGML_TYPE_F16, GGML_TYPE_F32, 128, 100, 300, {4, 1}, {1, 1}, trans_b));
     }
     test_cases.emplace_back(new test_out_prod(GGML_TYPE_F16, GGML_TYPE_F32, 128, 256, 9000, {4, 1}, {1, 1}, true));
 }
