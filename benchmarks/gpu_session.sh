@@ -28,13 +28,18 @@
 #                      graph and V*P at 64K cells both ways
 #   PHASE=vonce2 ...   pp512 at 64K (MiMo shape): V per chunk (default) against V once, that with split-K off and a
 #                      384 MiB budget, unbounded; compute buffers at 128K
+#   PHASE=vpmma1 ...   V*P on tensor cores (k_out_prod_q_mma): OUT_PROD and ATTN_SPLIT op tests with the kernel off, by
+#                      its rule and everywhere, and the F16 GEMM branch
+#   PHASE=vpmma2 ...   its perf against the GEMM path (V*P, the split graph) and pp512 at 64K (MiMo shape), split and
+#                      unbounded, each with the kernel off and on
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
 #                      MoE with its experts in CPU memory, -t = every core, llama-vq-server against llama-server)
 #   PHASE=split  ...   two GPUs: MiMo's layer split against one GPU (benchmarks/two_gpu.py; both GPUs visible)
 # Env: CARRY (.bench-carry), PYPACK (.bench-py.tar.xz), BUILD (/tmp/gpu-build), M (/tmp/models), REPS (2), CUDA_FA (ON;
-# OFF builds no flash-attention kernels: faster, for phases that run no flash attention), MODELS
+# OFF builds no flash-attention kernels: faster, for phases that run no flash attention), TARGETS (build: the CMake
+# targets, default every one the phases use), MODELS
 # (build: the synthetic models to generate, default all five: llama8b mimo mimo-tiny llama-tiny cpu-moe).
 # Everything a phase prints goes to $OUT/<phase>.txt too; the attention tables to $OUT/attn-modes-*.md/.json.
 set -u
@@ -42,7 +47,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -101,9 +106,9 @@ build)
             cmake -S '$here' -B '$B' -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC='$C/llama.cpp' \
                 -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=${CUDA_FA:-ON} \
                 -DLLAMA_VQ_BUILD_TOOLS=ON -DPython3_EXECUTABLE='$PY' > '$B.log' 2>&1 &&
-            cmake --build '$B' -j $(nproc) --target llama ggml ggml-base ggml-cpu ggml-cuda ggml-rpc llama-common \
+            cmake --build '$B' -j $(nproc) --target ${TARGETS:-llama ggml ggml-base ggml-cpu ggml-cuda ggml-rpc llama-common \
                 llama-vq-chat llama-vq-server mtmd llama-bench llama-perplexity test-backend-ops ggml-rpc-server \
-                llama-server llama-completion >> '$B.log' 2>&1 &&
+                llama-server llama-completion} >> '$B.log' 2>&1 &&
             mkdir -p '$here/llama_vq/lib' && find '$B' -name 'lib*.so' -not -path '*/CMakeFiles/*' \
                 -exec cp -L {} '$here/llama_vq/lib/' ';' && cp '$B/_build_config.json' '$here/llama_vq/' &&
             touch '$B/.done'" < /dev/null > /dev/null 2>&1 &
@@ -267,6 +272,41 @@ vonce2)
         --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes unbounded --tg 0 --reps 1 --out /tmp/vonce 2>&1 \
         | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
     ;;
+vpmma1)
+    # V*P on tensor cores (k_out_prod_q_mma, out-prod-q.cu): OUT_PROD and ATTN_SPLIT on CUDA0 against the CPU with the
+    # kernel off (LLAMA_VQ_CUDA_OUT_PROD_MMA=0: the GEMM path), by its rule (1, the default) and wherever it takes the
+    # shape (2); then NVIDIA's F16 GEMM branch (HIP's) with the kernel off
+    built || { log "not built"; exit 1; }
+    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=2 \
+            LLAMA_VQ_CUDA_OUT_PROD_MMA=0+LLAMA_VQ_CUDA_FORCE_F16_GEMM=1; do
+        for op in OUT_PROD ATTN_SPLIT; do
+            lg="$OUT/tbo-$op-${spec//[^A-Za-z0-9]/_}.log"
+            env ${spec//+/ } timeout 200 "$bin/test-backend-ops" test -b CUDA0 -o $op > "$lg" 2>&1
+            log "$op ($spec): rc $? $(grep -E 'tests passed|FAIL' "$lg" | sort | uniq -c | head -3 | tr '\n' ' ')"
+        done
+    done
+    ;;
+vpmma2)
+    # V*P and the split graph at 64K cells timed with the kernel off and on (test-backend-ops perf), then pp512 at 64K
+    # on the MiMo shape (q8_0 / q4_1): the split and the unbounded graph, each with the kernel off and on
+    built || { log "not built"; exit 1; }
+    for mma in 0 1; do
+        log "perf, LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma: V*P (16 and 512 tokens) and the split graph at 64K cells"
+        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_SPLIT,OUT_PROD -p 'n_kv=65536' 2>&1 \
+            | grep -E "ATTN_|OUT_PROD" | grep -vE "n_tokens=[2348],|gqa=16,n_tokens=[2348]" | tee -a "$OUT/$PHASE.txt"
+    done
+    wait_model mimo
+    for mode in off unbounded; do
+        for mma in 0 1; do
+            log "pp512 @ ${DEPTHS:-65536}, $mode, LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma"
+            python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "mimo-vpmma-$mode-mma$mma" \
+                --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes $mode --tg 0 --reps 1 \
+                --env LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma --out /tmp/vpmma 2>&1 \
+                | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+        done
+    done
+    cp /tmp/vpmma/*.md /tmp/vpmma/*.json "$OUT/" 2>/dev/null
+    ;;
 matrix)
     # llama-vq-server against llama-server from this build, same flags, both up at once, in alternating rounds
     built || { log "not built"; exit 1; }
@@ -295,6 +335,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

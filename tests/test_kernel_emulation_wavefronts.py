@@ -1,6 +1,6 @@
 """Our CUDA kernels other than the fused attention, run on the CPU at both warp widths, from the source the build
 compiles: the short-row K*Q with and without the query rotation (mmvq-short.cu), the quantized OUT_PROD's vector
-kernel and its combine (out-prod-q.cu), the rotation fusions SET_ROWS and CONT with K's rope folded in
+kernel and its combine, and its tensor-core kernel on the CUDA surface (out-prod-q.cu), the rotation fusions SET_ROWS and CONT with K's rope folded in
 (fwht-fused.cu), and dequantize_x8_rows (dequantize-x8.cuh).
 
 tests/fused_attn_emu/kernels_harness.cpp runs them on cuda_surface.h's threads: once on the CUDA surface (32-lane
@@ -54,6 +54,12 @@ def test_short_row_kq_with_and_without_query_rotation_matches_float64(harness):
 def test_quantized_out_prod_vector_kernel_and_combine_match_float64(harness):
     out = run_job(harness, "out_prod", 12)
     assert " chunks=1 " in out and " cols=64 " in out, out
+    # the tensor-core kernel (k_out_prod_q_mma) on NVIDIA's surface only: one segment and several, partial column tiles
+    if harness[1] == "cuda":
+        assert out.count("OK   out_prod_mma ") == 6, out
+        assert " segments=1 " in out and " segments=3 " in out and " cols=144 " in out, out
+    else:
+        assert "out_prod_mma" not in out, out
 
 
 def test_rotation_fusions_and_rope_fold_match_float64(harness):

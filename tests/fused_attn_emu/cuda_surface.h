@@ -341,6 +341,7 @@ static inline half mkh(const double v) { return half::raw(fp64_to_fp16(v)); }
 static inline double hd(const half h) { return fp16_to_fp32(h.bits); }
 static inline half __float2half(const float f) { return mkh(f); }
 static inline half2 __float2half2_rn(const float f) { return {mkh(f), mkh(f)}; }
+static inline half2 __floats2half2_rn(const float a, const float b) { return {mkh(a), mkh(b)}; }
 static inline half2 __half2half2(const half h) { return {h, h}; }
 static inline half2 __low2half2(const half2 h) { return {h.x, h.x}; }
 static inline half2 __high2half2(const half2 h) { return {h.y, h.y}; }

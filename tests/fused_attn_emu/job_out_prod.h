@@ -7,6 +7,9 @@
 #pragma once
 #include OUTPROD_INC
 
+#define OUT_PROD_MMA_ARGS vc.data(), kq.data(), out, c.dv, ne01, ne02, c.ntok, dps2, dps3, nb01, nb02, nb03, \
+    s10, s12, s13, s1, s2, s3, nseg > 1 ? (int64_t) ne : 0, chunk_rows
+
 struct out_prod_case {
     int dv, n_kv, n_head, n_head_kv, ntok, n_stream, nsm;
 };
@@ -79,6 +82,80 @@ static bool out_prod_run(const out_prod_case & c, const int seed) {
     return ok;
 }
 
+// k_out_prod_q_mma (the CUDA surface: mma.sync and ldmatrix emulated as the PTX ISA gives them), planned as
+// out_prod_q_mma_cuda plans it (out_prod_q_mma_chunk_rows, the kernel's own helper) on nsm SMs, with kq's rows ld >= n_kv
+// floats apart (a multiple of 4, as the host requires). Reference: float64 sums of V and P each rounded to f16 as the
+// kernel rounds them (V's decoded value, P's f32); NMSE bound 1e-9: f32 accumulation only.
+static bool out_prod_mma_run(const ggml_type type, const out_prod_case & c, const int seed) {
+    const int dps2 = c.n_head/c.n_head_kv, dps3 = 1;
+    const int total = c.ntok*dps2*dps3;
+    std::mt19937 g(seed);
+    const int kv_size = c.n_kv + 3;
+    const size_t rb = qblock_bytes(type)*(c.dv/32);
+    std::vector<char>  vc(rb*c.n_head_kv*kv_size*c.n_stream);
+    std::vector<float> vd((size_t) c.dv*c.n_head_kv*kv_size*c.n_stream);
+    for (size_t r = 0; r < (size_t) c.n_head_kv*kv_size*c.n_stream; ++r) {
+        make_qrow(g, type, c.dv, vc.data() + r*rb, vd.data() + r*c.dv);
+    }
+    const int ld = (c.n_kv + 3)/4*4;
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    std::vector<float> kq((size_t) ld*c.ntok*c.n_head*c.n_stream, NAN); // the padding is never read
+    for (int r = 0; r < c.ntok*c.n_head*c.n_stream; ++r) {
+        for (int k = 0; k < c.n_kv; ++k) {
+            kq[(size_t) r*ld + k] = u(g)*u(g);
+        }
+    }
+    const size_t ne = (size_t) c.dv*c.ntok*c.n_head*c.n_stream;
+    std::vector<float> dst(ne, NAN);
+
+    // out_prod_q_mma_cuda
+    const int ne01 = c.n_kv, ne02 = c.n_head_kv, ne03 = c.n_stream;
+    const int64_t nmat = (int64_t) ne02*ne03;
+    const int64_t nz   = (c.dv/OUT_PROD_Q_MMA_M)*((total + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
+    const int chunk_rows = out_prod_q_mma_chunk_rows(ne01, nmat*nz, c.nsm);
+    const int64_t nseg = (ne01 + chunk_rows - 1)/chunk_rows;
+    std::vector<float> tmp(nseg > 1 ? nseg*ne : 0, NAN);
+    float * out = nseg > 1 ? tmp.data() : dst.data();
+    const int64_t nb01 = (int64_t) rb*c.n_head_kv, nb02 = (int64_t) rb, nb03 = (int64_t) rb*c.n_head_kv*kv_size;
+    const int64_t s10 = ld, s12 = (int64_t) ld*c.ntok, s13 = (int64_t) ld*c.ntok*c.n_head;
+    const int64_t s1 = c.dv, s2 = (int64_t) c.dv*c.ntok, s3 = (int64_t) c.dv*c.ntok*c.n_head;
+    launch(dim3((unsigned) nseg, (unsigned) nmat, (unsigned) nz), dim3(OUT_PROD_Q_MMA_NT), 0, [&] {
+        switch (type) {
+            case GGML_TYPE_Q4_0:   k_out_prod_q_mma<GGML_TYPE_Q4_0>  (OUT_PROD_MMA_ARGS); break;
+            case GGML_TYPE_Q4_1:   k_out_prod_q_mma<GGML_TYPE_Q4_1>  (OUT_PROD_MMA_ARGS); break;
+            case GGML_TYPE_Q5_0:   k_out_prod_q_mma<GGML_TYPE_Q5_0>  (OUT_PROD_MMA_ARGS); break;
+            case GGML_TYPE_Q5_1:   k_out_prod_q_mma<GGML_TYPE_Q5_1>  (OUT_PROD_MMA_ARGS); break;
+            case GGML_TYPE_Q8_0:   k_out_prod_q_mma<GGML_TYPE_Q8_0>  (OUT_PROD_MMA_ARGS); break;
+            case GGML_TYPE_IQ4_NL: k_out_prod_q_mma<GGML_TYPE_IQ4_NL>(OUT_PROD_MMA_ARGS); break;
+            default: abort();
+        }
+    });
+    if (nseg > 1) {
+        launch(dim3((unsigned) ((ne + 31)/32)), dim3(32*OUT_PROD_Q_COMBINE_LANES), 0, [&] {
+            k_out_prod_q_combine(tmp.data(), dst.data(), (int64_t) ne, (int) nseg);
+        });
+    }
+
+    auto f16 = [](const float x) { return (double) (float) half(x); };
+    std::vector<double> ref(ne);
+    for (int s = 0; s < c.n_stream; ++s) for (int h = 0; h < c.n_head; ++h) for (int t = 0; t < c.ntok; ++t) {
+        for (int i = 0; i < c.dv; ++i) {
+            double a = 0;
+            for (int k = 0; k < c.n_kv; ++k) {
+                a += f16(vd[(((size_t) s*kv_size + k)*c.n_head_kv + h/dps2)*c.dv + i]) * f16(kq[k + t*s10 + h*s12 + s*s13]);
+            }
+            ref[i + t*s1 + h*s2 + s*s3] = a;
+        }
+    }
+    bool finite;
+    const double e = nmse(ref, dst.data(), ne, &finite);
+    const bool ok = finite && e < 1e-9;
+    printf("%s out_prod_mma %s dv=%d n_kv=%d heads=%d/%d ntok=%d streams=%d: cols=%d blocks=%d segments=%d rows=%d nmse=%.3g\n",
+           ok ? "OK  " : "FAIL", qtype_name(type), c.dv, c.n_kv, c.n_head, c.n_head_kv, c.ntok, c.n_stream, total,
+           (int) (nmat*nz), (int) nseg, chunk_rows, e);
+    return ok;
+}
+
 static bool run_out_prod() {
     bool all = true;
     const int seed = 200;
@@ -95,5 +172,16 @@ static bool run_out_prod() {
     EMU_CASE(out_prod_run<GGML_TYPE_Q4_1,   1>({192,  250,  4, 4,  1, 1, 104}, seed + g_emu_case)); // 24 threads per row
     EMU_CASE(out_prod_run<GGML_TYPE_Q8_0,   2>({512,  130,  4, 2,  1, 1, 104}, seed + g_emu_case));
     EMU_CASE(out_prod_run<GGML_TYPE_Q4_0,   4>({1024,  65,  4, 1,  1, 1, 104}, seed + g_emu_case)); // 128 threads per row
+#if defined(OUT_PROD_Q_MMA_CODE)
+    // the tensor-core kernel (NVIDIA only: the HIP surface has no mma.sync): the split attention's chunk at GQA 16
+    // (cols 256, k segments), a partial column tile and a k tail, two row blocks of d_v and two streams, one segment
+    // writing dst in place
+    EMU_CASE(out_prod_mma_run(GGML_TYPE_Q4_1,   {128,  520, 64, 4, 16, 1,   8}, seed + g_emu_case)); // 2 x 128 columns
+    EMU_CASE(out_prod_mma_run(GGML_TYPE_Q8_0,   {128,  777, 16, 1,  9, 1,  16}, seed + g_emu_case)); // 144: 128 + 16
+    EMU_CASE(out_prod_mma_run(GGML_TYPE_Q4_0,   {256,  300,  8, 2,  8, 2,   4}, seed + g_emu_case)); // d_v 256, 2 streams
+    EMU_CASE(out_prod_mma_run(GGML_TYPE_Q5_0,   {128,  513,  4, 4, 70, 1, 132}, seed + g_emu_case)); // GQA 1, 70 columns
+    EMU_CASE(out_prod_mma_run(GGML_TYPE_Q5_1,   {128,  200, 12, 3,  3, 1,   1}, seed + g_emu_case)); // one segment
+    EMU_CASE(out_prod_mma_run(GGML_TYPE_IQ4_NL, {128,   33, 32, 8,  5, 1, 104}, seed + g_emu_case)); // 33 cells
+#endif // defined(OUT_PROD_Q_MMA_CODE)
     return all;
 }

@@ -5,8 +5,10 @@
 
 #include "out-prod-q.cuh"
 #include "dequantize-x8.cuh"
+#include "cp-async.cuh"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
@@ -171,6 +173,217 @@ static __global__ void __launch_bounds__(32*OUT_PROD_Q_COMBINE_LANES) k_out_prod
     }
 }
 
+// ---- V*P on tensor cores (NVIDIA sm_80+): the split attention's chunks ----
+// A chunk of the split attention (llama-vq-attn.h) is 128 x 256 dst per V matrix over 64K+ cells: the GEMM path
+// dequantizes all of V to f16/f32 for every chunk, converts P, and splits k over GEMMs of few tiles (a 16-token chunk's
+// V*P ran at 49 TFLOPS on an H100 against 162 for the whole batch: benchmarks/RESULTS.md). This kernel reads the
+// quantized V and the f32 P where they are, once: each block takes 128 d_v rows x 128 dst columns of one V matrix over
+// a segment of k (the cells), per step of 32 cells dequantizes V to f16 (dequantize_x8, one rounding of the f32 value)
+// and rounds P to f16 into shared memory, then 8 warps (4 over d_v x 2 over the columns, 32 x 64 each) run mma.sync
+// m16n8k16 (f16 inputs, f32 accumulators, as flash attention's kernels and the fused decode's V*P). The segments'
+// partial dst are summed by k_out_prod_q_combine in a fixed order. The tests' CPU emulation (AD_EMULATE_MMA) gives the
+// two warp-wide instructions as the PTX ISA defines them.
+#if defined(AD_EMULATE_MMA)
+#define OUT_PROD_Q_MMA_CODE
+#define opq_mma_f16       ad_mma_f16
+#define opq_ldsm_x4_trans ad_ldsm_x4_trans
+#elif defined(AMPERE_MMA_AVAILABLE)
+#define OUT_PROD_Q_MMA_CODE
+// D += A B, m16n8k16: A row-major 16x16 f16 (4 registers), B column-major 16x8 f16 (2), D 16x8 f32
+static __device__ __forceinline__ void opq_mma_f16(float * d, const unsigned * a, const unsigned b0, const unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// four 8x8 f16 matrices, transposed: lane 8i + r gives the address of row r of matrix i (16 bytes, 16-byte aligned)
+static __device__ __forceinline__ void opq_ldsm_x4_trans(unsigned * a, const half * row) {
+    const unsigned s = ggml_cuda_cvta_generic_to_shared((void *) row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+        : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(s));
+}
+#endif // defined(AD_EMULATE_MMA)
+
+#define OUT_PROD_Q_MMA_NT      256                      // threads: 8 warps
+#define OUT_PROD_Q_MMA_M       128                      // d_v rows per block: 4 warps x 32
+#define OUT_PROD_Q_MMA_N       128                      // dst columns per block: 2 warps x 64
+#define OUT_PROD_Q_MMA_K       32                       // cells per step
+#define OUT_PROD_Q_MMA_VS      (OUT_PROD_Q_MMA_M + 8)   // halves per row (cell) of the V tile: ldmatrix's 8 rows in distinct banks
+#define OUT_PROD_Q_MMA_PS      (OUT_PROD_Q_MMA_K + 8)   // halves per row (column) of the P tile: lane (g, t)'s B words in bank 20g + t
+#define OUT_PROD_Q_MMA_SMEM    ((OUT_PROD_Q_MMA_K*OUT_PROD_Q_MMA_VS + OUT_PROD_Q_MMA_N*OUT_PROD_Q_MMA_PS)*2)
+#define OUT_PROD_Q_MMA_MIN_SEG 256                      // cells of the shortest k segment
+
+// grid: x = segment of k (chunk_rows cells, a multiple of 32), y = src0 matrix (i02 + ne02*i03), z = (128-column tile)
+// x (128-row block of d_v), the row block fastest. dst columns of a src0 matrix are ordered as k_out_prod_q_vec's.
+// src1 is read k-fastest (s11 == 1) in runs of 4 floats (s10, s12, s13 and its address multiples of 4 floats).
+// With gridDim.x > 1 segment x writes its partial dst at dst + x*sk (s1, s2, s3 those of a contiguous dst).
+template <ggml_type type>
+static __global__ void __launch_bounds__(OUT_PROD_Q_MMA_NT, 2) k_out_prod_q_mma(
+        const char * __restrict__ src0, const float * __restrict__ src1, float * __restrict__ dst,
+        const int ne00, const int ne01, const int ne02, const int ne1, const int dps2, const int dps3,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s12, const int64_t s13,
+        const int64_t s1, const int64_t s2, const int64_t s3, const int64_t sk,
+        const int chunk_rows) {
+#ifdef OUT_PROD_Q_MMA_CODE
+    constexpr int qr = ggml_cuda_type_traits<type>::qr;
+    constexpr int VS = OUT_PROD_Q_MMA_VS;
+    constexpr int PS = OUT_PROD_Q_MMA_PS;
+
+    __shared__ float4 smem[OUT_PROD_Q_MMA_SMEM/16];
+    half * vt = (half *) smem;                      // [K cells][VS]: V's 128 rows of the block per cell, f16
+    half * pt = vt + OUT_PROD_Q_MMA_K*VS;           // [N columns][PS]: P's K cells per column, f16
+
+    const int tid  = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int g    = lane / 4;
+    const int t    = lane % 4;
+    const int wm   = warp % 4;  // d_v rows 32wm .. 32wm + 31 of the block
+    const int wn   = warp / 4;  // columns 64wn .. 64wn + 63 of the block
+
+    const int i03 = blockIdx.y / ne02;
+    const int i02 = blockIdx.y % ne02;
+    const int nmb = ne00 / OUT_PROD_Q_MMA_M;
+    const int mb  = blockIdx.z % nmb;
+    const int c0  = (blockIdx.z / nmb)*OUT_PROD_Q_MMA_N;
+
+    const int ncols_total = ne1*dps2*dps3;
+    const int nc = min(ncols_total - c0, OUT_PROD_Q_MMA_N); // the block's columns
+
+    const int k0 = blockIdx.x*chunk_rows;
+    const int k1 = min(k0 + chunk_rows, ne01);
+
+    src0 += i02*nb02 + i03*nb03;
+
+    // the P runs this thread stages at every step: run r = tid + 256i is column r/8, cells 4(r%8) .. 4(r%8) + 3
+    int64_t poff[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r  = tid + OUT_PROD_Q_MMA_NT*i;
+        const int ic = c0 + min(r/8, nc - 1);
+        const int i1 = ic % ne1;
+        const int i2 = i02*dps2 + (ic/ne1) % dps2;
+        const int i3 = i03*dps3 +  ic/(ne1*dps2);
+        poff[i] = i1*s10 + i2*s12 + i3*s13 + 4*(r % 8);
+    }
+
+    float acc[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[mt][nt][e] = 0.0f;
+            }
+        }
+    }
+
+    // ldmatrix rows: lanes 8i .. 8i + 7 address cells + 0 .. 7 (i = 0, 1) or + 8 .. 15 (i = 2, 3), d_v + 0 (i = 0, 2)
+    // or + 8 (i = 1, 3); transposed, they are the four 8x8 quarters of A = V^T (d_v x cells)
+    const int arow = (lane % 8 + 8*(lane / 16))*VS + 32*wm + 8*((lane / 8) % 2);
+
+    for (int kb = k0; kb < k1; kb += OUT_PROD_Q_MMA_K) {
+        // V: 32 cells x 16 slots of 8 values; a cell past k1 repeats the last one (its P is 0)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int q    = tid + OUT_PROD_Q_MMA_NT*i;
+            const int cell = q / 16;
+            const int j    = mb*16 + q % 16;
+            float v[8];
+            dequantize_x8<type>(src0 + min(kb + cell, k1 - 1)*nb01, j, v);
+#pragma unroll
+            for (int l = 0; l < 8; l += 2) {
+                const half2 h = __floats2half2_rn(v[l], v[l + 1]); // values l, l + 1 are adjacent in the row
+                const int   x = dequantize_x8_pos<qr>(j, l) - mb*OUT_PROD_Q_MMA_M;
+                ggml_cuda_memcpy_1<4>(vt + cell*VS + x, &h);
+            }
+        }
+        // P: 128 columns x 32 cells (past k1 or the block's columns: 0)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r  = tid + OUT_PROD_Q_MMA_NT*i;
+            const int kc = kb + 4*(r % 8);
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (r/8 < nc) {
+                if (kc + 3 < k1) {
+                    ggml_cuda_memcpy_1<16>(p, src1 + poff[i] + kb);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        p[e] = kc + e < k1 ? src1[poff[i] + kb + e] : 0.0f;
+                    }
+                }
+            }
+            const half2 h[2] = {__floats2half2_rn(p[0], p[1]), __floats2half2_rn(p[2], p[3])};
+            ggml_cuda_memcpy_1<8>(pt + (r/8)*PS + 4*(r % 8), h);
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (int kk = 0; kk < OUT_PROD_Q_MMA_K; kk += 16) {
+            unsigned a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                opq_ldsm_x4_trans(a[mt], vt + arow + kk*VS + 16*mt);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                if (64*wn + 8*nt < nc) { // the same for the whole warp
+                    const half * pb = pt + (64*wn + 8*nt + g)*PS + kk + 2*t;
+                    unsigned b0;
+                    unsigned b1;
+                    ggml_cuda_memcpy_1<4>(&b0, pb);
+                    ggml_cuda_memcpy_1<4>(&b1, pb + 8);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        opq_mma_f16(acc[mt][nt], a[mt], b0, b1);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // D fragments: (row g, columns 2t, 2t + 1), (row g + 8, the same) of each m16n8 tile
+    dst += blockIdx.x*sk;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) {
+            const int cb = 64*wn + 8*nt + 2*t + e1;
+            if (cb < nc) {
+                const int ic = c0 + cb;
+                const int i1 = ic % ne1;
+                const int i2 = i02*dps2 + (ic/ne1) % dps2;
+                const int i3 = i03*dps3 +  ic/(ne1*dps2);
+                float * d = dst + i1*s1 + i2*s2 + i3*s3 + mb*OUT_PROD_Q_MMA_M + 32*wm + g;
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    d[16*mt + 0] = acc[mt][nt][e1 + 0];
+                    d[16*mt + 8] = acc[mt][nt][e1 + 2];
+                }
+            }
+        }
+    }
+#else
+    GGML_UNUSED(src0); GGML_UNUSED(src1); GGML_UNUSED(dst); GGML_UNUSED(ne00); GGML_UNUSED(ne01); GGML_UNUSED(ne02);
+    GGML_UNUSED(ne1); GGML_UNUSED(dps2); GGML_UNUSED(dps3); GGML_UNUSED(nb01); GGML_UNUSED(nb02); GGML_UNUSED(nb03);
+    GGML_UNUSED(s10); GGML_UNUSED(s12); GGML_UNUSED(s13); GGML_UNUSED(s1); GGML_UNUSED(s2); GGML_UNUSED(s3);
+    GGML_UNUSED(sk); GGML_UNUSED(chunk_rows);
+    NO_DEVICE_CODE;
+#endif // OUT_PROD_Q_MMA_CODE
+}
+
+// cells per k segment of k_out_prod_q_mma for nblocks blocks per segment: segments enough for ~two blocks per SM, each
+// at least OUT_PROD_Q_MMA_MIN_SEG cells, a multiple of 32
+static int out_prod_q_mma_chunk_rows(const int64_t ne01, const int64_t nblocks, const int nsm) {
+    const int64_t want = (2*(int64_t) nsm + nblocks - 1)/nblocks;
+    const int64_t nseg = std::max<int64_t>(1, std::min<int64_t>(want, ne01/OUT_PROD_Q_MMA_MIN_SEG));
+    const int64_t rows = (ne01 + nseg - 1)/nseg;
+    return (int) ((rows + 31)/32*32);
+}
+
 static void out_prod_q_combine_cuda(const float * tmp, float * dst, const int64_t ne, const int nchunks, cudaStream_t stream) {
     k_out_prod_q_combine<<<(ne + 31)/32, 32*OUT_PROD_Q_COMBINE_LANES, 0, stream>>>(tmp, dst, ne, nchunks);
     CUDA_CHECK(cudaGetLastError());
@@ -205,14 +418,92 @@ static bool out_prod_q_use_vec(const int64_t ncols, const int64_t ne00, const in
     return ncols <= OUT_PROD_Q_MID_COLS || (ncols <= OUT_PROD_Q_SHORT_COLS && n_k <= OUT_PROD_Q_SHORT_KV);
 }
 
-// llama-vq: whether out_prod_q_cuda takes its GEMM path (dequantize + cuBLAS) for this dst, i.e. not the vector kernel
+// whether the tensor-core kernel (k_out_prod_q_mma) takes a quantized src0's dst that the vector kernel does not.
+// LLAMA_VQ_CUDA_OUT_PROD_MMA: 0 never (the GEMM path); 2 every shape the kernel takes; unset or 1 the shapes whose
+// GEMMs would be cut along k (fewer than two 128 x 128 dst tiles per SM: out_prod_q_gemm_splits) with at least
+// OUT_PROD_Q_MMA_MIN_COLS dst columns per V matrix, i.e. the split attention's chunks; decode batches (up to 128
+// columns: 8 sequences at GQA 16) keep the paths they were measured on
+#define OUT_PROD_Q_MMA_MIN_COLS 256
+static bool out_prod_q_use_mma(const ggml_tensor * dst) {
+    static const int mode = [] {
+        const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_MMA");
+        return env == nullptr ? 1 : atoi(env);
+    }();
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+    if (mode == 0 || !ggml_is_quantized(src0->type) || src0->ne[0] % OUT_PROD_Q_MMA_M != 0) {
+        return false;
+    }
+    const auto & info = ggml_cuda_info().devices[ggml_cuda_get_device()];
+    if (!ampere_mma_available(info.cc)) {
+        return false;
+    }
+    // src1 read k-fastest in runs of 4 floats
+    if (src1->nb[1] != sizeof(float) || src1->nb[0] % 16 != 0 || src1->nb[2] % 16 != 0 || src1->nb[3] % 16 != 0 ||
+            (uintptr_t) src1->data % 16 != 0) {
+        return false;
+    }
+    const int64_t dps2  = dst->ne[2]/src0->ne[2];
+    const int64_t ncols = dst->ne[1]*dps2*(dst->ne[3]/src0->ne[3]);
+    if (mode >= 2) {
+        return true;
+    }
+    const int64_t tiles = ((dst->ne[0] + 127)/128)*((dst->ne[1]*dps2 + 127)/128)*src0->ne[2]*dst->ne[3];
+    return ncols >= OUT_PROD_Q_MMA_MIN_COLS && tiles < 2*info.nsm;
+}
+
+// llama-vq: whether out_prod_q_cuda takes its GEMM path (dequantize + cuBLAS) for this dst, i.e. neither the vector
+// kernel nor the tensor-core one
 bool ggml_cuda_out_prod_q_uses_gemm(const ggml_tensor * dst) {
     const ggml_tensor * src0 = dst->src[0];
     if (src0->type == GGML_TYPE_F16) {
         return true;
     }
     const int64_t ncols_total = dst->ne[1]*(dst->ne[2]/src0->ne[2])*(dst->ne[3]/src0->ne[3]);
-    return !out_prod_q_use_vec(ncols_total, src0->ne[0], src0->ne[1]);
+    return !out_prod_q_use_vec(ncols_total, src0->ne[0], src0->ne[1]) && !out_prod_q_use_mma(dst);
+}
+
+// k_out_prod_q_mma over segments of k (out_prod_q_mma_chunk_rows), their partial dst summed by k_out_prod_q_combine
+template <ggml_type type>
+static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    const ggml_tensor * src1 = dst->src[1];
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    cudaStream_t stream = ctx.stream();
+    const int    nsm    = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
+
+    const int64_t dps2  = ne2/ne02;
+    const int64_t dps3  = ne3/ne03;
+    const int64_t ncols = ne1*dps2*dps3;
+    const int64_t nmat  = ne02*ne03;
+    const int64_t nz    = (ne00/OUT_PROD_Q_MMA_M)*((ncols + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
+    GGML_ASSERT(nmat <= 65535 && nz <= 65535 && ne01 <= INT_MAX);
+
+    const int     chunk_rows = out_prod_q_mma_chunk_rows(ne01, nmat*nz, nsm);
+    const int64_t nseg       = (ne01 + chunk_rows - 1)/chunk_rows;
+    const int64_t ne         = ggml_nelements(dst);
+
+    ggml_cuda_pool_alloc<float> tmp(ctx.pool());
+    float * out = (float *) dst->data;
+    if (nseg > 1) {
+        GGML_ASSERT(ggml_is_contiguous(dst));
+        out = tmp.alloc(nseg*ne);
+    }
+    const int64_t s1 = nseg > 1 ? ne0           : nb1/sizeof(float);
+    const int64_t s2 = nseg > 1 ? ne0*ne1       : nb2/sizeof(float);
+    const int64_t s3 = nseg > 1 ? ne0*ne1*ne2   : nb3/sizeof(float);
+
+    k_out_prod_q_mma<type><<<dim3(nseg, nmat, nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
+        (const char *) src0->data, (const float *) src1->data, out, ne00, ne01, ne02, ne1, dps2, dps3,
+        nb01, nb02, nb03, nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), s1, s2, s3,
+        nseg > 1 ? ne : 0, chunk_rows);
+    CUDA_CHECK(cudaGetLastError());
+
+    if (nseg > 1) {
+        out_prod_q_combine_cuda(out, (float *) dst->data, ne, (int) nseg, stream);
+    }
 }
 
 template <ggml_type type, int ncols>
@@ -394,6 +685,11 @@ static void out_prod_q_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * dst) 
             const int64_t ne = ggml_nelements(dst);
             out_prod_q_combine_cuda(out, dst_d, ne, nchunks, stream);
         }
+        return;
+    }
+
+    if (out_prod_q_use_mma(dst)) {
+        out_prod_q_mma_cuda<type>(ctx, dst);
         return;
     }
 
