@@ -1,7 +1,7 @@
 """Our CUDA kernels other than the fused attention, run on the CPU at both warp widths, from the source the build
 compiles: the short-row K*Q with and without the query rotation (mmvq-short.cu), the quantized OUT_PROD's vector
-kernel and its combine, and its tensor-core kernel on the CUDA surface (out-prod-q.cu), the rotation fusions SET_ROWS and CONT with K's rope folded in
-(fwht-fused.cu), and dequantize_x8_rows (dequantize-x8.cuh).
+kernel and its combine, and its tensor-core kernel on the CUDA surface (out-prod-q.cu), the rotation fusions SET_ROWS
+and CONT with K's rope folded in (fwht-fused.cu), and dequantize_x8_rows (dequantize-x8.cuh).
 
 tests/fused_attn_emu/kernels_harness.cpp runs them on cuda_surface.h's threads: once on the CUDA surface (32-lane
 warps) and once on gfx90a's as ggml's HIP build compiles it (-DGGML_USE_HIP: 64-lane wavefronts, the *_sync shuffles
