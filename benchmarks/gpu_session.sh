@@ -274,7 +274,7 @@ vonce2)
     ;;
 vpmma1)
     # V*P on tensor cores (k_out_prod_q_mma, out-prod-q.cu): OUT_PROD and ATTN_SPLIT on CUDA0 against the CPU with the
-    # kernel off (LLAMA_VQ_CUDA_OUT_PROD_MMA=0: the GEMM path), by its rule (1, the default) and wherever it takes the
+    # kernel off (LLAMA_VQ_CUDA_OUT_PROD_MMA=0, the default: the GEMM path), by its rule (1) and wherever it takes the
     # shape (2); then NVIDIA's F16 GEMM branch (HIP's) with the kernel off
     built || { log "not built"; exit 1; }
     for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=2 \

@@ -419,15 +419,19 @@ static bool out_prod_q_use_vec(const int64_t ncols, const int64_t ne00, const in
 }
 
 // whether the tensor-core kernel (k_out_prod_q_mma) takes a quantized src0's dst that the vector kernel does not.
-// LLAMA_VQ_CUDA_OUT_PROD_MMA: 0 never (the GEMM path); 2 every shape the kernel takes; unset or 1 the shapes whose
-// GEMMs would be cut along k (fewer than two 128 x 128 dst tiles per SM: out_prod_q_gemm_splits) with at least
-// OUT_PROD_Q_MMA_MIN_COLS dst columns per V matrix, i.e. the split attention's chunks; decode batches (up to 128
-// columns: 8 sequences at GQA 16) keep the paths they were measured on
-#define OUT_PROD_Q_MMA_MIN_COLS 256
+// LLAMA_VQ_CUDA_OUT_PROD_MMA: unset or 0 never (the GEMM path, the default); 1 the split attention's chunks: more than
+// OUT_PROD_Q_MMA_MIN_COLS dst columns per V matrix (decode batches, up to 8 sequences at GQA 16, keep their paths) in at
+// most OUT_PROD_Q_MMA_MAX_TILES 128 x 128 dst tiles, where the GEMM path cuts k; 2 every shape the kernel takes (tests).
+// Measured on an H100 (benchmarks/RESULTS.md): a 16-token chunk's V*P at 64K cells 248 us against the GEMM path's 346,
+// the whole 512-token batch's 6,923 against 3,362; a first rule that also sent 256-tile shapes (the SWA layers' and the
+// unbounded graph's V*P) to the kernel slowed pp512 at 64K by 7-9 %. This rule, which keeps those on the GEMM path, was
+// not timed end to end, so the kernel is not the default.
+#define OUT_PROD_Q_MMA_MIN_COLS  128
+#define OUT_PROD_Q_MMA_MAX_TILES 64
 static bool out_prod_q_use_mma(const ggml_tensor * dst) {
     static const int mode = [] {
         const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_MMA");
-        return env == nullptr ? 1 : atoi(env);
+        return env == nullptr ? 0 : atoi(env);
     }();
     const ggml_tensor * src0 = dst->src[0];
     const ggml_tensor * src1 = dst->src[1];
@@ -449,7 +453,7 @@ static bool out_prod_q_use_mma(const ggml_tensor * dst) {
         return true;
     }
     const int64_t tiles = ((dst->ne[0] + 127)/128)*((dst->ne[1]*dps2 + 127)/128)*src0->ne[2]*dst->ne[3];
-    return ncols >= OUT_PROD_Q_MMA_MIN_COLS && tiles < 2*info.nsm;
+    return ncols > OUT_PROD_Q_MMA_MIN_COLS && tiles <= OUT_PROD_Q_MMA_MAX_TILES;
 }
 
 // llama-vq: whether out_prod_q_cuda takes its GEMM path (dequantize + cuBLAS) for this dst, i.e. neither the vector
