@@ -32,6 +32,9 @@
 #                      its rule and everywhere, and the F16 GEMM branch
 #   PHASE=vpmma2 ...   its perf against the GEMM path (V*P, the split graph) and pp512 at 64K (MiMo shape), split and
 #                      unbounded, each with the kernel off and on
+#   PHASE=vpmma3 ...   its rule for the split's chunks (LLAMA_VQ_CUDA_OUT_PROD_MMA=1) timed: V*P at the chunk's shape, pp512
+#                      at 64K off/on/on/off
+#   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
 #   PHASE=serve  ...   the CPU-work benchmark of the deployment's shape (benchmarks/cpu_experts.sh: the MiMo-shaped
@@ -47,7 +50,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, rebuild, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -307,6 +310,32 @@ vpmma2)
     done
     cp /tmp/vpmma/*.md /tmp/vpmma/*.json "$OUT/" 2>/dev/null
     ;;
+vpmma3)
+    # the tensor-core V*P's rule for the split's chunks (LLAMA_VQ_CUDA_OUT_PROD_MMA=1: more than 128 columns in at most
+    # 64 tiles), untimed end to end so far: V*P at the chunk's shape and pp512 at 64K (MiMo shape), off against on,
+    # in alternating order
+    built || { log "not built"; exit 1; }
+    for mma in 0 1; do
+        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=6(5536|6048)' 2>&1 \
+            | grep -E "OUT_PROD" | grep -E "n_tokens=(15|16)," | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
+    done
+    wait_model mimo
+    for mma in 0 1 1 0; do
+        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "mimo-vpmma3-mma$mma" \
+            --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes off --tg 0 --reps 1 \
+            --env LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma --out /tmp/vpmma3 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+    done
+    ;;
+rebuild)
+    # a warm machine's build after a change: the configure step runs the packed Python (use_python's libraries); the
+    # carry's files are all new, so this recompiles what they feed (minutes for ggml-cuda)
+    [ -f "$B/build.ninja" ] || { log "no build to update"; exit 1; }
+    use_python
+    rm -f "$B/.done"
+    cmake --build "$B" -j "$(nproc)" --target ${TARGETS:-ggml-cuda llama-bench test-backend-ops} > "$B.log" 2>&1 \
+        && find "$B" -name 'lib*.so' -not -path '*/CMakeFiles/*' -exec cp -L {} "$here/llama_vq/lib/" ';' \
+        && touch "$B/.done" && log "rebuilt" || { log "rebuild failed"; tail -20 "$B.log"; exit 1; }
+    ;;
 matrix)
     # llama-vq-server against llama-server from this build, same flags, both up at once, in alternating rounds
     built || { log "not built"; exit 1; }
@@ -335,6 +364,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, rebuild, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

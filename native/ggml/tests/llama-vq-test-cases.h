@@ -1004,6 +1004,8 @@ static void llama_vq_test_cases_perf(std::vector<std::unique_ptr<test_case>> & t
     for (int64_t n_tokens : {16, 512}) {
         test_cases.emplace_back(new test_out_prod_kqv(GGML_TYPE_Q4_1, 128, 65536, 4, 16, n_tokens, 1));
     }
+    // the chunk pp512 at depth 64K gives: 65,536 + 512 cells, 15 tokens (240 columns per V)
+    test_cases.emplace_back(new test_out_prod_kqv(GGML_TYPE_Q4_1, 128, 65536 + 512, 4, 16, 15, 1));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 1, 16, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 1, 16, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
     test_cases.emplace_back(new test_attn_decode_fused(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 0, 1, GGML_TYPE_F16));
