@@ -91,6 +91,16 @@ split_op_tests() {
     done
 }
 
+# pp512 at DEPTHS (65536) on the MiMo attention shape, q8_0 K / q4_1 V, one run (benchmarks/attn_modes.py):
+# mimo_pp512 LABEL MODE OUTDIR [attn_modes.py ARG ...]
+mimo_pp512() {
+    local label=$1 mode=$2 dir=$3
+    shift 3
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "$label" \
+        --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes "$mode" --tg 0 --reps 1 "$@" --out "$dir" 2>&1 \
+        | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+}
+
 case "$PHASE" in
 build)
     nproc
@@ -267,16 +277,12 @@ vonce2)
         extra=()
         case "$spec" in default|LLAMA_VQ_ATTN_V_F16=1|*MIB=384) extra=(--buffers 131072 --buffer-modes off) ;; esac
         log "split, $spec"
-        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "mimo-vonce-${spec//[^A-Za-z0-9]/_}" \
-            --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes off --tg 0 --reps 1 ${envs[@]+"${envs[@]}"} \
-            ${extra[@]+"${extra[@]}"} --out /tmp/vonce 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+        mimo_pp512 "mimo-vonce-${spec//[^A-Za-z0-9]/_}" off /tmp/vonce ${envs[@]+"${envs[@]}"} ${extra[@]+"${extra[@]}"}
     done
-    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label mimo-vonce-unbounded \
-        --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes unbounded --tg 0 --reps 1 --out /tmp/vonce 2>&1 \
-        | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+    mimo_pp512 mimo-vonce-unbounded unbounded /tmp/vonce
     ;;
 vpmma1)
-    # V*P on tensor cores (k_out_prod_q_mma, out-prod-q.cu): OUT_PROD and ATTN_SPLIT on CUDA0 against the CPU with the
+    # V*P on tensor cores (k_out_prod_q_mma, out-prod-q-mma.cuh): OUT_PROD and ATTN_SPLIT on CUDA0 against the CPU with the
     # kernel off (LLAMA_VQ_CUDA_OUT_PROD_MMA=0, the default: the GEMM path), by its rule (1) and wherever it takes the
     # shape (2); then NVIDIA's F16 GEMM branch (HIP's) with the kernel off
     built || { log "not built"; exit 1; }
@@ -302,10 +308,7 @@ vpmma2)
     for mode in off unbounded; do
         for mma in 0 1; do
             log "pp512 @ ${DEPTHS:-65536}, $mode, LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma"
-            python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "mimo-vpmma-$mode-mma$mma" \
-                --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes $mode --tg 0 --reps 1 \
-                --env LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma --out /tmp/vpmma 2>&1 \
-                | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+            mimo_pp512 "mimo-vpmma-$mode-mma$mma" $mode /tmp/vpmma --env LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma
         done
     done
     cp /tmp/vpmma/*.md /tmp/vpmma/*.json "$OUT/" 2>/dev/null
@@ -321,9 +324,7 @@ vpmma3)
     done
     wait_model mimo
     for mma in 0 1 1 0; do
-        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label "mimo-vpmma3-mma$mma" \
-            --ctk q8_0 --ctv q4_1 --depths "${DEPTHS:-65536}" --modes off --tg 0 --reps 1 \
-            --env LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma --out /tmp/vpmma3 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+        mimo_pp512 "mimo-vpmma3-mma$mma" off /tmp/vpmma3 --env LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma
     done
     ;;
 rebuild)

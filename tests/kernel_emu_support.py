@@ -81,6 +81,8 @@ def kernels_parts(tmp: Path, mutate: dict[str, tuple[str, str]] | None = None) -
         "FWHT_INC": cut(fwht, "#define FWHT_FUSED_ROWS", launcher)
         + cut(fwht, "// CONT -> reshape -> fwht", "bool ggml_cuda_cont_fwht_supported"),
     }
+    # out-prod-q.cu's part file (its tensor-core kernel), found beside the parts by the cut's #include
+    write_part(tmp, "out-prod-q-mma.cuh", for_emulation(kernel_source("out-prod-q-mma.cuh")))
     for name, (old, new) in (mutate or {}).items():
         assert parts[name].count(old) == 1, f"{name}: the mutation's text must occur once"
         parts[name] = parts[name].replace(old, new)

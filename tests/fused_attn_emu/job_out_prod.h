@@ -15,8 +15,8 @@ struct out_prod_case {
 };
 
 // a V cache of kv_size cells per stream: [n_stream][kv_size][n_head_kv] rows of dv values, random quantized blocks (vc)
-// and their decoded values (vd)
-static void make_v_cache(std::mt19937 & g, const ggml_type type, const out_prod_case & c, const int kv_size,
+// and their decoded values (vd); returns the bytes of a row
+static size_t make_v_cache(std::mt19937 & g, const ggml_type type, const out_prod_case & c, const int kv_size,
         std::vector<char> & vc, std::vector<float> & vd) {
     const size_t rb    = qblock_bytes(type)*(c.dv/32);
     const size_t nrows = (size_t) c.n_head_kv*kv_size*c.n_stream;
@@ -25,6 +25,7 @@ static void make_v_cache(std::mt19937 & g, const ggml_type type, const out_prod_
     for (size_t r = 0; r < nrows; ++r) {
         make_qrow(g, type, c.dv, vc.data() + r*rb, vd.data() + r*c.dv);
     }
+    return rb;
 }
 
 template <ggml_type type, int ncols>
@@ -38,10 +39,9 @@ static bool out_prod_run(const out_prod_case & c, const int seed) {
     }
     std::mt19937 g(seed);
     const int kv_size = c.n_kv + 3;
-    const size_t rb = qblock_bytes(type)*(c.dv/32);
     std::vector<char>  vc;
     std::vector<float> vd;
-    make_v_cache(g, type, c, kv_size, vc, vd);
+    const size_t rb = make_v_cache(g, type, c, kv_size, vc, vd);
     // P: kq [n_kv, n_tokens, n_head, n_stream] contiguous, softmax-like values
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
     std::vector<float> kq((size_t) c.n_kv*c.ntok*c.n_head*c.n_stream);
@@ -102,10 +102,9 @@ static bool out_prod_mma_run(const ggml_type type, const out_prod_case & c, cons
     const int total = c.ntok*dps2*dps3;
     std::mt19937 g(seed);
     const int kv_size = c.n_kv + 3;
-    const size_t rb = qblock_bytes(type)*(c.dv/32);
     std::vector<char>  vc;
     std::vector<float> vd;
-    make_v_cache(g, type, c, kv_size, vc, vd);
+    const size_t rb = make_v_cache(g, type, c, kv_size, vc, vd);
     const int ld = (c.n_kv + 3)/4*4;
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
     std::vector<float> kq((size_t) ld*c.ntok*c.n_head*c.n_stream, NAN); // the padding is never read

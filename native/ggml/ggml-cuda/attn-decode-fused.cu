@@ -1,6 +1,7 @@
 #include "attn-decode-fused.cuh"
 #include "cp-async.cuh"
 #include "dequantize-x8.cuh"
+#include "mma-f16.cuh"
 
 // One block = (split of the cells, KV head x tile of <= 32 query columns, stream), 128 threads, no warp-size
 // assumption beyond shuffles of width 4 and 32 (which divide 32- and 64-wide wavefronts), every thread reaching

@@ -5,7 +5,7 @@
 
 #include "out-prod-q.cuh"
 #include "dequantize-x8.cuh"
-#include "cp-async.cuh"
+#include "mma-f16.cuh"
 
 #include <algorithm>
 #include <climits>
@@ -173,216 +173,8 @@ static __global__ void __launch_bounds__(32*OUT_PROD_Q_COMBINE_LANES) k_out_prod
     }
 }
 
-// ---- V*P on tensor cores (NVIDIA sm_80+): the split attention's chunks ----
-// A chunk of the split attention (llama-vq-attn.h) is 128 x 256 dst per V matrix over 64K+ cells: the GEMM path
-// dequantizes all of V to f16/f32 for every chunk, converts P, and splits k over GEMMs of few tiles (a 16-token chunk's
-// V*P ran at 49 TFLOPS on an H100 against 162 for the whole batch: benchmarks/RESULTS.md). This kernel reads the
-// quantized V and the f32 P where they are, once: each block takes 128 d_v rows x 128 dst columns of one V matrix over
-// a segment of k (the cells), per step of 32 cells dequantizes V to f16 (dequantize_x8, one rounding of the f32 value)
-// and rounds P to f16 into shared memory, then 8 warps (4 over d_v x 2 over the columns, 32 x 64 each) run mma.sync
-// m16n8k16 (f16 inputs, f32 accumulators, as flash attention's kernels and the fused decode's V*P). The segments'
-// partial dst are summed by k_out_prod_q_combine in a fixed order. The tests' CPU emulation (AD_EMULATE_MMA) gives the
-// two warp-wide instructions as the PTX ISA defines them.
-#if defined(AD_EMULATE_MMA)
-#define OUT_PROD_Q_MMA_CODE
-#define opq_mma_f16       ad_mma_f16
-#define opq_ldsm_x4_trans ad_ldsm_x4_trans
-#elif defined(AMPERE_MMA_AVAILABLE)
-#define OUT_PROD_Q_MMA_CODE
-// D += A B, m16n8k16: A row-major 16x16 f16 (4 registers), B column-major 16x8 f16 (2), D 16x8 f32
-static __device__ __forceinline__ void opq_mma_f16(float * d, const unsigned * a, const unsigned b0, const unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// four 8x8 f16 matrices, transposed: lane 8i + r gives the address of row r of matrix i (16 bytes, 16-byte aligned)
-static __device__ __forceinline__ void opq_ldsm_x4_trans(unsigned * a, const half * row) {
-    const unsigned s = ggml_cuda_cvta_generic_to_shared((void *) row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-        : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(s));
-}
-#endif // defined(AD_EMULATE_MMA)
-
-#define OUT_PROD_Q_MMA_NT      256                      // threads: 8 warps
-#define OUT_PROD_Q_MMA_M       128                      // d_v rows per block: 4 warps x 32
-#define OUT_PROD_Q_MMA_N       128                      // dst columns per block: 2 warps x 64
-#define OUT_PROD_Q_MMA_K       32                       // cells per step
-#define OUT_PROD_Q_MMA_VS      (OUT_PROD_Q_MMA_M + 8)   // halves per row (cell) of the V tile: ldmatrix's 8 rows in distinct banks
-#define OUT_PROD_Q_MMA_PS      (OUT_PROD_Q_MMA_K + 8)   // halves per row (column) of the P tile: lane (g, t)'s B words in bank 20g + t
-#define OUT_PROD_Q_MMA_SMEM    ((OUT_PROD_Q_MMA_K*OUT_PROD_Q_MMA_VS + OUT_PROD_Q_MMA_N*OUT_PROD_Q_MMA_PS)*2)
-#define OUT_PROD_Q_MMA_MIN_SEG 256                      // cells of the shortest k segment
-
-// grid: x = segment of k (chunk_rows cells, a multiple of 32), y = src0 matrix (i02 + ne02*i03), z = (128-column tile)
-// x (128-row block of d_v), the row block fastest. dst columns of a src0 matrix are ordered as k_out_prod_q_vec's.
-// src1 is read k-fastest (s11 == 1) in runs of 4 floats (s10, s12, s13 and its address multiples of 4 floats).
-// With gridDim.x > 1 segment x writes its partial dst at dst + x*sk (s1, s2, s3 those of a contiguous dst).
-template <ggml_type type>
-static __global__ void __launch_bounds__(OUT_PROD_Q_MMA_NT, 2) k_out_prod_q_mma(
-        const char * __restrict__ src0, const float * __restrict__ src1, float * __restrict__ dst,
-        const int ne00, const int ne01, const int ne02, const int ne1, const int dps2, const int dps3,
-        const int64_t nb01, const int64_t nb02, const int64_t nb03,
-        const int64_t s10, const int64_t s12, const int64_t s13,
-        const int64_t s1, const int64_t s2, const int64_t s3, const int64_t sk,
-        const int chunk_rows) {
-#ifdef OUT_PROD_Q_MMA_CODE
-    constexpr int qr = ggml_cuda_type_traits<type>::qr;
-    constexpr int VS = OUT_PROD_Q_MMA_VS;
-    constexpr int PS = OUT_PROD_Q_MMA_PS;
-
-    __shared__ float4 smem[OUT_PROD_Q_MMA_SMEM/16];
-    half * vt = (half *) smem;                      // [K cells][VS]: V's 128 rows of the block per cell, f16
-    half * pt = vt + OUT_PROD_Q_MMA_K*VS;           // [N columns][PS]: P's K cells per column, f16
-
-    const int tid  = threadIdx.x;
-    const int warp = tid / 32;
-    const int lane = tid % 32;
-    const int g    = lane / 4;
-    const int t    = lane % 4;
-    const int wm   = warp % 4;  // d_v rows 32wm .. 32wm + 31 of the block
-    const int wn   = warp / 4;  // columns 64wn .. 64wn + 63 of the block
-
-    const int i03 = blockIdx.y / ne02;
-    const int i02 = blockIdx.y % ne02;
-    const int nmb = ne00 / OUT_PROD_Q_MMA_M;
-    const int mb  = blockIdx.z % nmb;
-    const int c0  = (blockIdx.z / nmb)*OUT_PROD_Q_MMA_N;
-
-    const int ncols_total = ne1*dps2*dps3;
-    const int nc = min(ncols_total - c0, OUT_PROD_Q_MMA_N); // the block's columns
-
-    const int k0 = blockIdx.x*chunk_rows;
-    const int k1 = min(k0 + chunk_rows, ne01);
-
-    src0 += i02*nb02 + i03*nb03;
-
-    // the P runs this thread stages at every step: run r = tid + 256i is column r/8, cells 4(r%8) .. 4(r%8) + 3
-    int64_t poff[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r  = tid + OUT_PROD_Q_MMA_NT*i;
-        const int ic = c0 + min(r/8, nc - 1);
-        const int i1 = ic % ne1;
-        const int i2 = i02*dps2 + (ic/ne1) % dps2;
-        const int i3 = i03*dps3 +  ic/(ne1*dps2);
-        poff[i] = i1*s10 + i2*s12 + i3*s13 + 4*(r % 8);
-    }
-
-    float acc[2][8][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                acc[mt][nt][e] = 0.0f;
-            }
-        }
-    }
-
-    // ldmatrix rows: lanes 8i .. 8i + 7 address cells + 0 .. 7 (i = 0, 1) or + 8 .. 15 (i = 2, 3), d_v + 0 (i = 0, 2)
-    // or + 8 (i = 1, 3); transposed, they are the four 8x8 quarters of A = V^T (d_v x cells)
-    const int arow = (lane % 8 + 8*(lane / 16))*VS + 32*wm + 8*((lane / 8) % 2);
-
-    for (int kb = k0; kb < k1; kb += OUT_PROD_Q_MMA_K) {
-        // V: 32 cells x 16 slots of 8 values; a cell past k1 repeats the last one (its P is 0)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int q    = tid + OUT_PROD_Q_MMA_NT*i;
-            const int cell = q / 16;
-            const int j    = mb*16 + q % 16;
-            float v[8];
-            dequantize_x8<type>(src0 + min(kb + cell, k1 - 1)*nb01, j, v);
-#pragma unroll
-            for (int l = 0; l < 8; l += 2) {
-                const half2 h = __floats2half2_rn(v[l], v[l + 1]); // values l, l + 1 are adjacent in the row
-                const int   x = dequantize_x8_pos<qr>(j, l) - mb*OUT_PROD_Q_MMA_M;
-                ggml_cuda_memcpy_1<4>(vt + cell*VS + x, &h);
-            }
-        }
-        // P: 128 columns x 32 cells (past k1 or the block's columns: 0)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r  = tid + OUT_PROD_Q_MMA_NT*i;
-            const int kc = kb + 4*(r % 8);
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (r/8 < nc) {
-                if (kc + 3 < k1) {
-                    ggml_cuda_memcpy_1<16>(p, src1 + poff[i] + kb);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        p[e] = kc + e < k1 ? src1[poff[i] + kb + e] : 0.0f;
-                    }
-                }
-            }
-            const half2 h[2] = {__floats2half2_rn(p[0], p[1]), __floats2half2_rn(p[2], p[3])};
-            ggml_cuda_memcpy_1<8>(pt + (r/8)*PS + 4*(r % 8), h);
-        }
-        __syncthreads();
-
-#pragma unroll
-        for (int kk = 0; kk < OUT_PROD_Q_MMA_K; kk += 16) {
-            unsigned a[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                opq_ldsm_x4_trans(a[mt], vt + arow + kk*VS + 16*mt);
-            }
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                if (64*wn + 8*nt < nc) { // the same for the whole warp
-                    const half * pb = pt + (64*wn + 8*nt + g)*PS + kk + 2*t;
-                    unsigned b0;
-                    unsigned b1;
-                    ggml_cuda_memcpy_1<4>(&b0, pb);
-                    ggml_cuda_memcpy_1<4>(&b1, pb + 8);
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
-                        opq_mma_f16(acc[mt][nt], a[mt], b0, b1);
-                    }
-                }
-            }
-        }
-        __syncthreads();
-    }
-
-    // D fragments: (row g, columns 2t, 2t + 1), (row g + 8, the same) of each m16n8 tile
-    dst += blockIdx.x*sk;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e1 = 0; e1 < 2; ++e1) {
-            const int cb = 64*wn + 8*nt + 2*t + e1;
-            if (cb < nc) {
-                const int ic = c0 + cb;
-                const int i1 = ic % ne1;
-                const int i2 = i02*dps2 + (ic/ne1) % dps2;
-                const int i3 = i03*dps3 +  ic/(ne1*dps2);
-                float * d = dst + i1*s1 + i2*s2 + i3*s3 + mb*OUT_PROD_Q_MMA_M + 32*wm + g;
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    d[16*mt + 0] = acc[mt][nt][e1 + 0];
-                    d[16*mt + 8] = acc[mt][nt][e1 + 2];
-                }
-            }
-        }
-    }
-#else
-    GGML_UNUSED(src0); GGML_UNUSED(src1); GGML_UNUSED(dst); GGML_UNUSED(ne00); GGML_UNUSED(ne01); GGML_UNUSED(ne02);
-    GGML_UNUSED(ne1); GGML_UNUSED(dps2); GGML_UNUSED(dps3); GGML_UNUSED(nb01); GGML_UNUSED(nb02); GGML_UNUSED(nb03);
-    GGML_UNUSED(s10); GGML_UNUSED(s12); GGML_UNUSED(s13); GGML_UNUSED(s1); GGML_UNUSED(s2); GGML_UNUSED(s3);
-    GGML_UNUSED(sk); GGML_UNUSED(chunk_rows);
-    NO_DEVICE_CODE;
-#endif // OUT_PROD_Q_MMA_CODE
-}
-
-// cells per k segment of k_out_prod_q_mma for nblocks blocks per segment: segments enough for ~two blocks per SM, each
-// at least OUT_PROD_Q_MMA_MIN_SEG cells, a multiple of 32
-static int out_prod_q_mma_chunk_rows(const int64_t ne01, const int64_t nblocks, const int nsm) {
-    const int64_t want = (2*(int64_t) nsm + nblocks - 1)/nblocks;
-    const int64_t nseg = std::max<int64_t>(1, std::min<int64_t>(want, ne01/OUT_PROD_Q_MMA_MIN_SEG));
-    const int64_t rows = (ne01 + nseg - 1)/nseg;
-    return (int) ((rows + 31)/32*32);
-}
+// the tensor-core V*P for the split attention's chunks (k_out_prod_q_mma, out_prod_q_mma_chunk_rows)
+#include "out-prod-q-mma.cuh"
 
 static void out_prod_q_combine_cuda(const float * tmp, float * dst, const int64_t ne, const int nchunks, cudaStream_t stream) {
     k_out_prod_q_combine<<<(ne + 31)/32, 32*OUT_PROD_Q_COMBINE_LANES, 0, stream>>>(tmp, dst, ne, nchunks);
@@ -416,6 +208,11 @@ static bool out_prod_q_use_vec(const int64_t ncols, const int64_t ne00, const in
         return false;
     }
     return ncols <= OUT_PROD_Q_MID_COLS || (ncols <= OUT_PROD_Q_SHORT_COLS && n_k <= OUT_PROD_Q_SHORT_KV);
+}
+
+// ~128 x 128 dst tiles of the GEMM path's nmat GEMMs of m x n
+static int64_t out_prod_q_gemm_tiles(const int64_t m, const int64_t n, const int64_t nmat) {
+    return ((m + 127)/128)*((n + 127)/128)*nmat;
 }
 
 // whether the tensor-core kernel (k_out_prod_q_mma) takes a quantized src0's dst that the vector kernel does not.
@@ -452,7 +249,7 @@ static bool out_prod_q_use_mma(const ggml_tensor * dst) {
     if (mode >= 2) {
         return true;
     }
-    const int64_t tiles = ((dst->ne[0] + 127)/128)*((dst->ne[1]*dps2 + 127)/128)*src0->ne[2]*dst->ne[3];
+    const int64_t tiles = out_prod_q_gemm_tiles(dst->ne[0], dst->ne[1]*dps2, src0->ne[2]*dst->ne[3]);
     return ncols > OUT_PROD_Q_MMA_MIN_COLS && tiles <= OUT_PROD_Q_MMA_MAX_TILES;
 }
 
@@ -534,7 +331,7 @@ static int64_t out_prod_q_gemm_splits(const int64_t m, const int64_t n, const in
         const int64_t v = env == nullptr ? 1 : atoll(env);
         return v == 1 ? INT64_MAX : v;  // 1 (or unset): the rule below alone
     }();
-    const int64_t tiles = ((m + 127)/128)*((n + 127)/128)*nmat;
+    const int64_t tiles = out_prod_q_gemm_tiles(m, n, nmat);
     if (max_tiles <= 0 || tiles > max_tiles || tiles >= 2*nsm || k < 2*OUT_PROD_Q_SPLIT_K_MIN) {
         return 1;
     }

@@ -735,9 +735,10 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
             test_cases.emplace_back(new test_out_prod_kqv(type_v, 128, 512, 2, 4, n_tokens, 1));
         }
     }
-    // the tensor-core V*P (k_out_prod_q_mma, NVIDIA sm_80+: out-prod-q.cu): 128 or more columns per V matrix over a
-    // number of cells that is a multiple of 4 (kq's rows are read in runs of 4 floats): the split attention's chunk at
-    // GQA 16 for every type, two streams, d_v 256 with a partial column tile, one V matrix over many k segments
+    // the tensor-core V*P (k_out_prod_q_mma, NVIDIA sm_80+: out-prod-q-mma.cuh; off by default, reached with
+    // LLAMA_VQ_CUDA_OUT_PROD_MMA=1 or 2, gpu_session.sh vpmma1): more than 128 columns per V matrix over a number of cells
+    // that is a multiple of 4 (kq's rows are read in runs of 4 floats): the split attention's chunk at GQA 16 for every
+    // type, two streams, d_v 256 with a partial column tile, one V matrix over many k segments
     for (ggml_type type_v : {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL}) {
         test_cases.emplace_back(new test_out_prod_kqv(type_v, 128, 1000, 4, 16, 16, 1));
     }

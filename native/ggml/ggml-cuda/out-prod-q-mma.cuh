@@ -1,0 +1,212 @@
+#pragma once
+
+// llama-vq: the quantized OUT_PROD's V*P on tensor cores (NVIDIA sm_80+), a part of out-prod-q.cu (included there after
+// the vector kernel and the combine; the CPU emulation of the tests includes it the same way).
+//
+// A chunk of the split attention (llama-vq-attn.h) is 128 x ~256 dst per V matrix over 64K+ cells: the GEMM path
+// dequantizes all of V to f16/f32 for every chunk, converts P, and splits k over GEMMs of few tiles (a 16-token chunk's
+// V*P ran at 49 TFLOPS on an H100 against 162 for the whole batch: benchmarks/RESULTS.md). This kernel reads the
+// quantized V and the f32 P where they are, once: each block takes 128 d_v rows x 128 dst columns of one V matrix over
+// a segment of k (the cells), per step of 32 cells dequantizes V to f16 (dequantize_x8, one rounding of the f32 value)
+// and rounds P to f16 into shared memory, then 8 warps (4 over d_v x 2 over the columns, 32 x 64 each) run mma.sync
+// m16n8k16 (f16 inputs, f32 accumulators, as flash attention's kernels and the fused decode's V*P; mma-f16.cuh). The
+// segments' partial dst are summed by k_out_prod_q_combine in a fixed order.
+#if defined(AMPERE_MMA_AVAILABLE) || defined(AD_EMULATE_MMA)
+#define OUT_PROD_Q_MMA_CODE
+#endif // defined(AMPERE_MMA_AVAILABLE) || defined(AD_EMULATE_MMA)
+
+#define OUT_PROD_Q_MMA_NT      256                      // threads: 8 warps
+#define OUT_PROD_Q_MMA_M       128                      // d_v rows per block: 4 warps x 32
+#define OUT_PROD_Q_MMA_N       128                      // dst columns per block: 2 warps x 64
+#define OUT_PROD_Q_MMA_K       32                       // cells per step
+#define OUT_PROD_Q_MMA_VS      (OUT_PROD_Q_MMA_M + 8)   // halves per row (cell) of the V tile: ldmatrix's 8 rows in distinct banks
+#define OUT_PROD_Q_MMA_PS      (OUT_PROD_Q_MMA_K + 8)   // halves per row (column) of the P tile: lane (g, t)'s B words in bank 20g + t
+#define OUT_PROD_Q_MMA_SMEM    ((OUT_PROD_Q_MMA_K*OUT_PROD_Q_MMA_VS + OUT_PROD_Q_MMA_N*OUT_PROD_Q_MMA_PS)*2)
+#define OUT_PROD_Q_MMA_MIN_SEG 256                      // cells of the shortest k segment
+
+// dst column ic of src0 matrix (i02, i03): its (i1, i2, i3), ordered as k_out_prod_q_vec orders them (i1 fastest)
+struct out_prod_q_col {
+    int i1, i2, i3;
+};
+static __device__ __forceinline__ out_prod_q_col out_prod_q_mma_col(const int ic, const int i02, const int i03,
+        const int ne1, const int dps2, const int dps3) {
+    return {ic % ne1, i02*dps2 + (ic/ne1) % dps2, i03*dps3 + ic/(ne1*dps2)};
+}
+
+#ifdef OUT_PROD_Q_MMA_CODE
+// V tile: cells kb .. kb + 31 x the block's 128 d_v rows (slots mb*16 .. of 8 values) as f16 into vt [cell][VS]; a cell
+// past k1 repeats the last one (its P is 0). Two (cell, slot) pairs per thread.
+template <ggml_type type>
+static __device__ __forceinline__ void out_prod_q_mma_stage_v(const char * src0, const int64_t nb01, const int kb,
+        const int k1, const int mb, half * vt) {
+    constexpr int qr = ggml_cuda_type_traits<type>::qr;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int q    = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
+        const int cell = q / 16;
+        const int j    = mb*16 + q % 16;
+        float v[8];
+        dequantize_x8<type>(src0 + min(kb + cell, k1 - 1)*nb01, j, v);
+#pragma unroll
+        for (int l = 0; l < 8; l += 2) {
+            const half2 h = __floats2half2_rn(v[l], v[l + 1]); // values l, l + 1 are adjacent in the row
+            const int   x = dequantize_x8_pos<qr>(j, l) - mb*OUT_PROD_Q_MMA_M;
+            ggml_cuda_memcpy_1<4>(vt + cell*OUT_PROD_Q_MMA_VS + x, &h);
+        }
+    }
+}
+
+// P tile: the block's nc columns x cells kb .. kb + 31 as f16 into pt [column][PS] (past k1 or nc: 0). Four runs of 4
+// cells per thread: run r = threadIdx.x + 256i is column r/8, cells 4(r%8) .., read from src1 + poff[i] + kb.
+static __device__ __forceinline__ void out_prod_q_mma_stage_p(const float * src1, const int64_t * poff, const int kb,
+        const int k1, const int nc, half * pt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r  = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
+        const int kc = kb + 4*(r % 8);
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (r/8 < nc) {
+            if (kc + 3 < k1) {
+                ggml_cuda_memcpy_1<16>(p, src1 + poff[i] + kb);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    p[e] = kc + e < k1 ? src1[poff[i] + kb + e] : 0.0f;
+                }
+            }
+        }
+        const half2 h[2] = {__floats2half2_rn(p[0], p[1]), __floats2half2_rn(p[2], p[3])};
+        ggml_cuda_memcpy_1<8>(pt + (r/8)*OUT_PROD_Q_MMA_PS + 4*(r % 8), h);
+    }
+}
+
+// one step's MMAs: warp (wm, wn) multiplies its d_v rows 32wm .. 32wm + 31 (A = V^T from vt by ldmatrix, transposed)
+// with its n-tiles of 8 columns 64wn + 8nt .. (B from pt) over the step's 32 cells. ldmatrix rows: lanes 8i .. 8i + 7
+// address cells + 0 .. 7 (i = 0, 1) or + 8 .. 15 (i = 2, 3), d_v + 0 (i = 0, 2) or + 8 (i = 1, 3): transposed, the four
+// 8x8 quarters of A. acc[mt][nt] is the m16n8 D fragment: (row g, columns 2t, 2t + 1), (row g + 8, the same).
+static __device__ __forceinline__ void out_prod_q_mma_step(const half * vt, const half * pt, const int nc,
+        float (*acc)[8][4]) {
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int wm   = warp % 4;
+    const int wn   = warp / 4;
+    const int arow = (lane % 8 + 8*(lane / 16))*OUT_PROD_Q_MMA_VS + 32*wm + 8*((lane / 8) % 2);
+#pragma unroll
+    for (int kk = 0; kk < OUT_PROD_Q_MMA_K; kk += 16) {
+        unsigned a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            ad_ldsm_x4_trans(a[mt], vt + arow + kk*OUT_PROD_Q_MMA_VS + 16*mt);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            if (64*wn + 8*nt < nc) { // the same for the whole warp
+                const half * pb = pt + (64*wn + 8*nt + lane/4)*OUT_PROD_Q_MMA_PS + kk + 2*(lane % 4);
+                unsigned b0;
+                unsigned b1;
+                ggml_cuda_memcpy_1<4>(&b0, pb);
+                ggml_cuda_memcpy_1<4>(&b1, pb + 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    ad_mma_f16(acc[mt][nt], a[mt], b0, b1);
+                }
+            }
+        }
+    }
+}
+#endif // OUT_PROD_Q_MMA_CODE
+
+// grid: x = segment of k (chunk_rows cells, a multiple of 32), y = src0 matrix (i02 + ne02*i03), z = (128-column tile)
+// x (128-row block of d_v), the row block fastest. src1 is read k-fastest (s11 == 1) in runs of 4 floats (s10, s12,
+// s13 and its address multiples of 4 floats). With gridDim.x > 1 segment x writes its partial dst at dst + x*sk (s1, s2,
+// s3 those of a contiguous dst).
+template <ggml_type type>
+static __global__ void __launch_bounds__(OUT_PROD_Q_MMA_NT, 2) k_out_prod_q_mma(
+        const char * __restrict__ src0, const float * __restrict__ src1, float * __restrict__ dst,
+        const int ne00, const int ne01, const int ne02, const int ne1, const int dps2, const int dps3,
+        const int64_t nb01, const int64_t nb02, const int64_t nb03,
+        const int64_t s10, const int64_t s12, const int64_t s13,
+        const int64_t s1, const int64_t s2, const int64_t s3, const int64_t sk,
+        const int chunk_rows) {
+#ifdef OUT_PROD_Q_MMA_CODE
+    __shared__ float4 smem[OUT_PROD_Q_MMA_SMEM/16];
+    half * vt = (half *) smem;                         // [K cells][VS]
+    half * pt = vt + OUT_PROD_Q_MMA_K*OUT_PROD_Q_MMA_VS; // [N columns][PS]
+
+    const int i03 = blockIdx.y / ne02;
+    const int i02 = blockIdx.y % ne02;
+    const int nmb = ne00 / OUT_PROD_Q_MMA_M;
+    const int mb  = blockIdx.z % nmb;
+    const int c0  = (blockIdx.z / nmb)*OUT_PROD_Q_MMA_N;
+    const int nc  = min(ne1*dps2*dps3 - c0, OUT_PROD_Q_MMA_N); // the block's columns
+    const int k0  = blockIdx.x*chunk_rows;
+    const int k1  = min(k0 + chunk_rows, ne01);
+
+    // where this thread's P runs start (out_prod_q_mma_stage_p): column r/8 of the block (past nc: its last)
+    int64_t poff[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
+        const out_prod_q_col c = out_prod_q_mma_col(c0 + min(r/8, nc - 1), i02, i03, ne1, dps2, dps3);
+        poff[i] = c.i1*s10 + c.i2*s12 + c.i3*s13 + 4*(r % 8);
+    }
+
+    float acc[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[mt][nt][e] = 0.0f;
+            }
+        }
+    }
+
+    src0 += i02*nb02 + i03*nb03;
+    for (int kb = k0; kb < k1; kb += OUT_PROD_Q_MMA_K) {
+        out_prod_q_mma_stage_v<type>(src0, nb01, kb, k1, mb, vt);
+        out_prod_q_mma_stage_p(src1, poff, kb, k1, nc, pt);
+        __syncthreads();
+        out_prod_q_mma_step(vt, pt, nc, acc);
+        __syncthreads();
+    }
+
+    // the D fragments: (row g, columns 2t, 2t + 1), (row g + 8, the same) of each of the warp's m16n8 tiles
+    const int warp = threadIdx.x / 32;
+    const int g    = (threadIdx.x % 32) / 4;
+    const int t    = threadIdx.x % 4;
+    dst += blockIdx.x*sk;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e1 = 0; e1 < 2; ++e1) {
+            const int cb = 64*(warp / 4) + 8*nt + 2*t + e1;
+            if (cb < nc) {
+                const out_prod_q_col c = out_prod_q_mma_col(c0 + cb, i02, i03, ne1, dps2, dps3);
+                float * d = dst + c.i1*s1 + c.i2*s2 + c.i3*s3 + mb*OUT_PROD_Q_MMA_M + 32*(warp % 4) + g;
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    d[16*mt + 0] = acc[mt][nt][e1 + 0];
+                    d[16*mt + 8] = acc[mt][nt][e1 + 2];
+                }
+            }
+        }
+    }
+#else
+    GGML_UNUSED(src0); GGML_UNUSED(src1); GGML_UNUSED(dst); GGML_UNUSED(ne00); GGML_UNUSED(ne01); GGML_UNUSED(ne02);
+    GGML_UNUSED(ne1); GGML_UNUSED(dps2); GGML_UNUSED(dps3); GGML_UNUSED(nb01); GGML_UNUSED(nb02); GGML_UNUSED(nb03);
+    GGML_UNUSED(s10); GGML_UNUSED(s12); GGML_UNUSED(s13); GGML_UNUSED(s1); GGML_UNUSED(s2); GGML_UNUSED(s3);
+    GGML_UNUSED(sk); GGML_UNUSED(chunk_rows);
+    NO_DEVICE_CODE;
+#endif // OUT_PROD_Q_MMA_CODE
+}
+
+// cells per k segment of k_out_prod_q_mma for nblocks blocks per segment: segments enough for ~two blocks per SM, each
+// at least OUT_PROD_Q_MMA_MIN_SEG cells, a multiple of 32
+static int out_prod_q_mma_chunk_rows(const int64_t ne01, const int64_t nblocks, const int nsm) {
+    const int64_t want = (2*(int64_t) nsm + nblocks - 1)/nblocks;
+    const int64_t nseg = std::max<int64_t>(1, std::min<int64_t>(want, ne01/OUT_PROD_Q_MMA_MIN_SEG));
+    const int64_t rows = (ne01 + nseg - 1)/nseg;
+    return (int) ((rows + 31)/32*32);
+}
