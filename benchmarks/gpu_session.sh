@@ -34,6 +34,8 @@
 #                      unbounded, each with the kernel off and on
 #   PHASE=vpmma3 ...   its rule for the split's chunks (LLAMA_VQ_CUDA_OUT_PROD_MMA=1) timed: V*P at the chunk's shape, pp512
 #                      at 64K off/on/on/off
+#   PHASE=vpmma4 ...   its rule's tile bound: V*P at pp512's largest chunk at 8K/32K/64K (MiMo) and 8K/32K (8B) with the
+#                      kernel off and everywhere, then pp512 (MiMo 8K/64K, 8B 32K) off against the rule at bounds 8 and 64
 #   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
@@ -50,7 +52,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, rebuild, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, rebuild, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -283,7 +285,7 @@ vonce2)
     ;;
 vpmma1)
     # V*P on tensor cores (k_out_prod_q_mma, out-prod-q-mma.cuh): OUT_PROD and ATTN_SPLIT on CUDA0 against the CPU with the
-    # kernel off (LLAMA_VQ_CUDA_OUT_PROD_MMA=0, the default: the GEMM path), by its rule (1) and wherever it takes the
+    # kernel off (LLAMA_VQ_CUDA_OUT_PROD_MMA=0: the GEMM path), by its rule (1, the default) and wherever it takes the
     # shape (2); then NVIDIA's F16 GEMM branch (HIP's) with the kernel off
     built || { log "not built"; exit 1; }
     for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=2 \
@@ -327,6 +329,26 @@ vpmma3)
         mimo_pp512 "mimo-vpmma3-mma$mma" off /tmp/vpmma3 --env LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma
     done
     ;;
+vpmma4)
+    # the tensor-core V*P's tile bound (LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES): V*P at the largest chunk pp512 gives at each
+    # depth (llama-vq-test-cases.h) with the kernel off (0) and on every shape (2); then pp512 on the MiMo shape at 8K and
+    # 64K and on the 8B shape at 32K (q4_0), the kernel off against its rule with the default bound (8) and with 64
+    built || { log "not built"; exit 1; }
+    for mma in 0 2; do
+        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=(8704|33280|66048)' 2>&1 \
+            | grep -E "OUT_PROD\(" | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
+    done
+    wait_model mimo
+    wait_model llama8b
+    for spec in 0 1 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64 0; do
+        envs=(--env "LLAMA_VQ_CUDA_OUT_PROD_MMA=${spec%%+*}")
+        [ "$spec" = "${spec#*+}" ] || envs+=(--env "${spec#*+}")
+        DEPTHS=8192,65536 mimo_pp512 "mimo-vpmma4-${spec//[^A-Za-z0-9]/_}" off /tmp/vpmma4 "${envs[@]}"
+        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-llama8b.gguf" \
+            --label "l8b-vpmma4-${spec//[^A-Za-z0-9]/_}" --ctk q4_0 --ctv q4_0 --depths 32768 --modes off --tg 0 --reps 1 \
+            "${envs[@]}" --out /tmp/vpmma4 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+    done
+    ;;
 rebuild)
     # a warm machine's build after a change: the configure step runs the packed Python (use_python's libraries); the
     # carry's files are all new, so this recompiles what they feed (minutes for ggml-cuda)
@@ -365,6 +387,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, rebuild, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, rebuild, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

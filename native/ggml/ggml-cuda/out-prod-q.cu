@@ -216,19 +216,25 @@ static int64_t out_prod_q_gemm_tiles(const int64_t m, const int64_t n, const int
 }
 
 // whether the tensor-core kernel (k_out_prod_q_mma) takes a quantized src0's dst that the vector kernel does not.
-// LLAMA_VQ_CUDA_OUT_PROD_MMA: unset or 0 never (the GEMM path, the default); 1 the split attention's chunks: more than
+// LLAMA_VQ_CUDA_OUT_PROD_MMA: unset or 1 (the default) the split attention's chunks at long contexts: more than
 // OUT_PROD_Q_MMA_MIN_COLS dst columns per V matrix (decode batches, up to 8 sequences at GQA 16, keep their paths) in at
-// most OUT_PROD_Q_MMA_MAX_TILES 128 x 128 dst tiles, where the GEMM path cuts k; 2 every shape the kernel takes (tests).
-// Measured on an H100 (benchmarks/RESULTS.md): a 16-token chunk's V*P at 64K cells 248 us against the GEMM path's 346,
-// the whole 512-token batch's 6,923 against 3,362; a first rule that also sent 256-tile shapes (the SWA layers' and the
-// unbounded graph's V*P) to the kernel slowed pp512 at 64K by 7-9 %. This rule, which keeps those on the GEMM path, was
-// not timed end to end, so the kernel is not the default.
+// most LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES (default OUT_PROD_Q_MMA_MAX_TILES) 128 x 128 dst tiles, too few for the
+// GEMM path's cuBLAS call to fill the GPU; 0 never (the GEMM path); 2 every shape the kernel takes (tests).
+// Measured on an H100 (benchmarks/RESULTS.md), V*P of pp512's largest chunk, GEMM path against this kernel: MiMo's
+// full-attention layers at 64K 352 / 242 us (8 tiles), at 32K 268 / 389 (16 tiles), at 8K 177 / 335 (52 tiles); the 8B
+// shape at 32K 391 / 373 (16 tiles), at 8K 230 / 239 (48 tiles). pp512 at 64K (MiMo shape) 1,164-1,166 tok/s without
+// the kernel, 1,238-1,246 with it on the 8-tile chunks; at 8K 10 % slower with it on the 52-tile chunks too; the 8B
+// shape at 32K the same with and without it on its 16-tile chunks.
 #define OUT_PROD_Q_MMA_MIN_COLS  128
-#define OUT_PROD_Q_MMA_MAX_TILES 64
+#define OUT_PROD_Q_MMA_MAX_TILES 8
 static bool out_prod_q_use_mma(const ggml_tensor * dst) {
     static const int mode = [] {
         const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_MMA");
-        return env == nullptr ? 0 : atoi(env);
+        return env == nullptr ? 1 : atoi(env);
+    }();
+    static const int64_t max_tiles = [] {
+        const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES");
+        return env == nullptr ? (int64_t) OUT_PROD_Q_MMA_MAX_TILES : (int64_t) atoll(env);
     }();
     const ggml_tensor * src0 = dst->src[0];
     const ggml_tensor * src1 = dst->src[1];
@@ -250,7 +256,7 @@ static bool out_prod_q_use_mma(const ggml_tensor * dst) {
         return true;
     }
     const int64_t tiles = out_prod_q_gemm_tiles(dst->ne[0], dst->ne[1]*dps2, src0->ne[2]*dst->ne[3]);
-    return ncols > OUT_PROD_Q_MMA_MIN_COLS && tiles <= OUT_PROD_Q_MMA_MAX_TILES;
+    return ncols > OUT_PROD_Q_MMA_MIN_COLS && tiles <= max_tiles;
 }
 
 // llama-vq: whether out_prod_q_cuda takes its GEMM path (dequantize + cuBLAS) for this dst, i.e. neither the vector

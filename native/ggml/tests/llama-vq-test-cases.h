@@ -735,8 +735,8 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
             test_cases.emplace_back(new test_out_prod_kqv(type_v, 128, 512, 2, 4, n_tokens, 1));
         }
     }
-    // the tensor-core V*P (k_out_prod_q_mma, NVIDIA sm_80+: out-prod-q-mma.cuh; off by default, reached with
-    // LLAMA_VQ_CUDA_OUT_PROD_MMA=1 or 2, gpu_session.sh vpmma1): more than 128 columns per V matrix over a number of cells
+    // the tensor-core V*P (k_out_prod_q_mma, NVIDIA sm_80+: out-prod-q-mma.cuh; by default for long contexts' chunks
+    // only, reached here with LLAMA_VQ_CUDA_OUT_PROD_MMA=2, gpu_session.sh vpmma1): more than 128 columns per V matrix over a number of cells
     // that is a multiple of 4 (kq's rows are read in runs of 4 floats): the split attention's chunk at GQA 16 for every
     // type, two streams, d_v 256 with a partial column tile, one V matrix over many k segments
     for (ggml_type type_v : {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL}) {
@@ -1005,8 +1005,16 @@ static void llama_vq_test_cases_perf(std::vector<std::unique_ptr<test_case>> & t
     for (int64_t n_tokens : {16, 512}) {
         test_cases.emplace_back(new test_out_prod_kqv(GGML_TYPE_Q4_1, 128, 65536, 4, 16, n_tokens, 1));
     }
-    // the chunk pp512 at depth 64K gives: 65,536 + 512 cells, 15 tokens (240 columns per V)
-    test_cases.emplace_back(new test_out_prod_kqv(GGML_TYPE_Q4_1, 128, 65536 + 512, 4, 16, 15, 1));
+    // the largest chunks pp512 gives at the default 256 MiB budget (llama_vq_attn_split_chunks): MiMo's full-attention
+    // layers at depth 8K, 32K and 64K (n_kv + 512 cells; 5, 17 and 35 chunks of up to 103, 31 and 15 tokens: 1,648, 496
+    // and 240 columns per V), the 8B shape's at 8K and 32K (3 and 9 chunks of up to 171 and 57 tokens, GQA 4: 684 and
+    // 228 columns)
+    for (auto [n_kv, n_tokens] : std::initializer_list<std::pair<int64_t, int64_t>>{{8192, 103}, {32768, 31}, {65536, 15}}) {
+        test_cases.emplace_back(new test_out_prod_kqv(GGML_TYPE_Q4_1, 128, n_kv + 512, 4, 16, n_tokens, 1));
+    }
+    for (auto [n_kv, n_tokens] : std::initializer_list<std::pair<int64_t, int64_t>>{{8192, 171}, {32768, 57}}) {
+        test_cases.emplace_back(new test_out_prod_kqv(GGML_TYPE_Q4_0, 128, n_kv + 512, 8, 4, n_tokens, 1));
+    }
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 1, 16, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 1, 16, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
     test_cases.emplace_back(new test_attn_decode_fused(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 65536, 512, false, 0, 1, GGML_TYPE_F16));
