@@ -10,7 +10,8 @@
 // a segment of k (the cells), per step of 32 cells dequantizes V to f16 (dequantize_x8, one rounding of the f32 value)
 // and rounds P to f16 into shared memory, then 8 warps (4 over d_v x 2 over the columns, 32 x 64 each) run mma.sync
 // m16n8k16 (f16 inputs, f32 accumulators, as flash attention's kernels and the fused decode's V*P; mma-f16.cuh). The
-// segments' partial dst are summed by k_out_prod_q_combine in a fixed order.
+// next step's V and P are loaded into registers during a step's MMAs and stored into the other of two shared buffers.
+// The segments' partial dst are summed by k_out_prod_q_combine in a fixed order.
 #if defined(AMPERE_MMA_AVAILABLE) || defined(AD_EMULATE_MMA)
 #define OUT_PROD_Q_MMA_CODE
 #endif // defined(AMPERE_MMA_AVAILABLE) || defined(AD_EMULATE_MMA)
@@ -21,7 +22,7 @@
 #define OUT_PROD_Q_MMA_K       32                       // cells per step
 #define OUT_PROD_Q_MMA_VS      (OUT_PROD_Q_MMA_M + 8)   // halves per row (cell) of the V tile: ldmatrix's 8 rows in distinct banks
 #define OUT_PROD_Q_MMA_PS      (OUT_PROD_Q_MMA_K + 8)   // halves per row (column) of the P tile: lane (g, t)'s B words in bank 20g + t
-#define OUT_PROD_Q_MMA_SMEM    ((OUT_PROD_Q_MMA_K*OUT_PROD_Q_MMA_VS + OUT_PROD_Q_MMA_N*OUT_PROD_Q_MMA_PS)*2)
+#define OUT_PROD_Q_MMA_SMEM    ((OUT_PROD_Q_MMA_K*OUT_PROD_Q_MMA_VS + OUT_PROD_Q_MMA_N*OUT_PROD_Q_MMA_PS)*2) // bytes of a V and a P tile
 #define OUT_PROD_Q_MMA_MIN_SEG 256                      // cells of the shortest k segment
 
 // dst column ic of src0 matrix (i02, i03): its (i1, i2, i3), ordered as k_out_prod_q_vec orders them (i1 fastest)
@@ -34,48 +35,70 @@ static __device__ __forceinline__ out_prod_q_col out_prod_q_mma_col(const int ic
 }
 
 #ifdef OUT_PROD_Q_MMA_CODE
-// V tile: cells kb .. kb + 31 x the block's 128 d_v rows (slots mb*16 .. of 8 values) as f16 into vt [cell][VS]; a cell
-// past k1 repeats the last one (its P is 0). Two (cell, slot) pairs per thread.
+// V tile, loaded: cells kb .. kb + 31 x the block's 128 d_v rows (slots mb*16 .. of 8 values) dequantized to f16 in
+// registers, two (cell, slot) pairs per thread; a cell past k1 repeats the last one (its P is 0)
 template <ggml_type type>
-static __device__ __forceinline__ void out_prod_q_mma_stage_v(const char * src0, const int64_t nb01, const int kb,
-        const int k1, const int mb, half * vt) {
-    constexpr int qr = ggml_cuda_type_traits<type>::qr;
+static __device__ __forceinline__ void out_prod_q_mma_load_v(const char * src0, const int64_t nb01, const int kb,
+        const int k1, const int mb, half2 (*vr)[4]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int q    = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
-        const int cell = q / 16;
-        const int j    = mb*16 + q % 16;
+        const int q = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
         float v[8];
-        dequantize_x8<type>(src0 + min(kb + cell, k1 - 1)*nb01, j, v);
+        dequantize_x8<type>(src0 + min(kb + q/16, k1 - 1)*nb01, mb*16 + q % 16, v);
 #pragma unroll
         for (int l = 0; l < 8; l += 2) {
-            const half2 h = __floats2half2_rn(v[l], v[l + 1]); // values l, l + 1 are adjacent in the row
-            const int   x = dequantize_x8_pos<qr>(j, l) - mb*OUT_PROD_Q_MMA_M;
-            ggml_cuda_memcpy_1<4>(vt + cell*OUT_PROD_Q_MMA_VS + x, &h);
+            vr[i][l/2] = __floats2half2_rn(v[l], v[l + 1]); // values l, l + 1 are adjacent in the row
         }
     }
 }
 
-// P tile: the block's nc columns x cells kb .. kb + 31 as f16 into pt [column][PS] (past k1 or nc: 0). Four runs of 4
-// cells per thread: run r = threadIdx.x + 256i is column r/8, cells 4(r%8) .., read from src1 + poff[i] + kb.
-static __device__ __forceinline__ void out_prod_q_mma_stage_p(const float * src1, const int64_t * poff, const int kb,
-        const int k1, const int nc, half * pt) {
+// V tile, stored: the loaded registers into vt [cell][VS]
+template <ggml_type type>
+static __device__ __forceinline__ void out_prod_q_mma_store_v(const half2 (*vr)[4], const int mb, half * vt) {
+    constexpr int qr = ggml_cuda_type_traits<type>::qr;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int q = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
+        const int j = mb*16 + q % 16;
+#pragma unroll
+        for (int l = 0; l < 8; l += 2) {
+            const int x = dequantize_x8_pos<qr>(j, l) - mb*OUT_PROD_Q_MMA_M;
+            ggml_cuda_memcpy_1<4>(vt + (q/16)*OUT_PROD_Q_MMA_VS + x, &vr[i][l/2]);
+        }
+    }
+}
+
+// P tile, loaded: the block's nc columns x cells kb .. kb + 31 as f32 runs of 4 cells in registers (past k1 or nc: 0),
+// four per thread: run r = threadIdx.x + 256i is column r/8, cells 4(r%8) .., read from src1 + poff[i] + kb. Issued
+// before the step's MMAs, whose work hides the loads' latency.
+static __device__ __forceinline__ void out_prod_q_mma_load_p(const float * src1, const int * poff, const int kb,
+        const int k1, const int nc, float4 * pr) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int r  = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
         const int kc = kb + 4*(r % 8);
-        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        pr[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (r/8 < nc) {
             if (kc + 3 < k1) {
-                ggml_cuda_memcpy_1<16>(p, src1 + poff[i] + kb);
+                ggml_cuda_memcpy_1<16>(&pr[i], src1 + poff[i] + kb);
             } else {
+                float p[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     p[e] = kc + e < k1 ? src1[poff[i] + kb + e] : 0.0f;
                 }
+                pr[i] = make_float4(p[0], p[1], p[2], p[3]);
             }
         }
-        const half2 h[2] = {__floats2half2_rn(p[0], p[1]), __floats2half2_rn(p[2], p[3])};
+    }
+}
+
+// P tile, stored: the loaded runs rounded to f16 into pt [column][PS]
+static __device__ __forceinline__ void out_prod_q_mma_store_p(const float4 * pr, half * pt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int   r    = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
+        const half2 h[2] = {__floats2half2_rn(pr[i].x, pr[i].y), __floats2half2_rn(pr[i].z, pr[i].w)};
         ggml_cuda_memcpy_1<8>(pt + (r/8)*OUT_PROD_Q_MMA_PS + 4*(r % 8), h);
     }
 }
@@ -129,9 +152,7 @@ static __global__ void __launch_bounds__(OUT_PROD_Q_MMA_NT, 2) k_out_prod_q_mma(
         const int64_t s1, const int64_t s2, const int64_t s3, const int64_t sk,
         const int chunk_rows) {
 #ifdef OUT_PROD_Q_MMA_CODE
-    __shared__ float4 smem[OUT_PROD_Q_MMA_SMEM/16];
-    half * vt = (half *) smem;                         // [K cells][VS]
-    half * pt = vt + OUT_PROD_Q_MMA_K*OUT_PROD_Q_MMA_VS; // [N columns][PS]
+    __shared__ float4 smem[2*OUT_PROD_Q_MMA_SMEM/16];
 
     const int i03 = blockIdx.y / ne02;
     const int i02 = blockIdx.y % ne02;
@@ -143,12 +164,12 @@ static __global__ void __launch_bounds__(OUT_PROD_Q_MMA_NT, 2) k_out_prod_q_mma(
     const int k1  = min(k0 + chunk_rows, ne01);
 
     // where this thread's P runs start (out_prod_q_mma_stage_p): column r/8 of the block (past nc: its last)
-    int64_t poff[4];
+    int poff[4]; // src1's extent is under 2^31 floats (out_prod_q_use_mma)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int r = threadIdx.x + OUT_PROD_Q_MMA_NT*i;
         const out_prod_q_col c = out_prod_q_mma_col(c0 + min(r/8, nc - 1), i02, i03, ne1, dps2, dps3);
-        poff[i] = c.i1*s10 + c.i2*s12 + c.i3*s13 + 4*(r % 8);
+        poff[i] = (int) (c.i1*s10 + c.i2*s12 + c.i3*s13 + 4*(r % 8));
     }
 
     float acc[2][8][4];
@@ -163,13 +184,24 @@ static __global__ void __launch_bounds__(OUT_PROD_Q_MMA_NT, 2) k_out_prod_q_mma(
         }
     }
 
+    // two buffers of the V and P tiles, loaded one step ahead: step s's tiles go to buffer s%2 while the warps may
+    // still read buffer (s-1)%2, so one barrier per step; the next step's loads are in flight during this step's MMAs
     src0 += i02*nb02 + i03*nb03;
-    for (int kb = k0; kb < k1; kb += OUT_PROD_Q_MMA_K) {
-        out_prod_q_mma_stage_v<type>(src0, nb01, kb, k1, mb, vt);
-        out_prod_q_mma_stage_p(src1, poff, kb, k1, nc, pt);
+    float4 pr[4];
+    half2  vr[2][4];
+    out_prod_q_mma_load_p(src1, poff, k0, k1, nc, pr);
+    out_prod_q_mma_load_v<type>(src0, nb01, k0, k1, mb, vr);
+    for (int kb = k0, buf = 0; kb < k1; kb += OUT_PROD_Q_MMA_K, buf ^= 1) {
+        half * vt = (half *) smem + buf*(OUT_PROD_Q_MMA_SMEM/2); // [K cells][VS]
+        half * pt = vt + OUT_PROD_Q_MMA_K*OUT_PROD_Q_MMA_VS;     // [N columns][PS]
+        out_prod_q_mma_store_v<type>(vr, mb, vt);
+        out_prod_q_mma_store_p(pr, pt);
         __syncthreads();
+        if (kb + OUT_PROD_Q_MMA_K < k1) {
+            out_prod_q_mma_load_p(src1, poff, kb + OUT_PROD_Q_MMA_K, k1, nc, pr);
+            out_prod_q_mma_load_v<type>(src0, nb01, kb + OUT_PROD_Q_MMA_K, k1, mb, vr);
+        }
         out_prod_q_mma_step(vt, pt, nc, acc);
-        __syncthreads();
     }
 
     // the D fragments: (row g, columns 2t, 2t + 1), (row g + 8, the same) of each of the warp's m16n8 tiles

@@ -245,9 +245,9 @@ static bool out_prod_q_use_mma(const ggml_tensor * dst) {
     if (!ampere_mma_available(info.cc)) {
         return false;
     }
-    // src1 read k-fastest in runs of 4 floats
+    // src1 read k-fastest in runs of 4 floats, at 32-bit offsets
     if (src1->nb[1] != sizeof(float) || src1->nb[0] % 16 != 0 || src1->nb[2] % 16 != 0 || src1->nb[3] % 16 != 0 ||
-            (uintptr_t) src1->data % 16 != 0) {
+            (uintptr_t) src1->data % 16 != 0 || ggml_nbytes(src1) > (size_t) INT_MAX*sizeof(float)) {
         return false;
     }
     const int64_t dps2  = dst->ne[2]/src0->ne[2];
