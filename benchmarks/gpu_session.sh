@@ -36,6 +36,9 @@
 #                      at 64K off/on/on/off
 #   PHASE=vpmma4 ...   its rule's tile bound: V*P at pp512's largest chunk at 8K/32K/64K (MiMo) and 8K/32K (8B) with the
 #                      kernel off and everywhere, then pp512 (MiMo 8K/64K, 8B 32K) off against the rule at bounds 8 and 64
+#   PHASE=vpmma5 ...   a form of the kernel after a change, in one call after the build: OUT_PROD (kernel everywhere and
+#                      by rule) and ATTN_SPLIT op tests, vpmma4's V*P sweep, pp512 on the MiMo shape at 32K and 64K with
+#                      the kernel off, by rule (bound 8) and with the bound 16, in alternating order
 #   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
@@ -52,7 +55,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, rebuild, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, rebuild, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -349,6 +352,28 @@ vpmma4)
             "${envs[@]}" --out /tmp/vpmma4 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
     done
     ;;
+vpmma5)
+    # a changed form of the tensor-core V*P (e.g. its loads pipelined), everything one call can show after the build:
+    # correctness first, then the op's speed at each depth's chunk, then pp512 (MiMo shape, q8_0 / q4_1) at 32K and 64K
+    built || { log "not built"; exit 1; }
+    for spec in 2 1; do
+        lg="$OUT/tbo-OUT_PROD-mma$spec.log"
+        LLAMA_VQ_CUDA_OUT_PROD_MMA=$spec timeout 120 "$bin/test-backend-ops" test -b CUDA0 -o OUT_PROD > "$lg" 2>&1
+        log "OUT_PROD (LLAMA_VQ_CUDA_OUT_PROD_MMA=$spec): rc $? $(grep -E 'tests passed|FAIL' "$lg" | sort | uniq -c | head -3 | tr '\n' ' ')"
+    done
+    timeout 120 "$bin/test-backend-ops" test -b CUDA0 -o ATTN_SPLIT > "$OUT/tbo-ATTN_SPLIT.log" 2>&1
+    log "ATTN_SPLIT: rc $? $(grep -E 'tests passed|FAIL' "$OUT/tbo-ATTN_SPLIT.log" | sort | uniq -c | head -3 | tr '\n' ' ')"
+    for mma in 0 2; do
+        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=(8704|33280|66048)' 2>&1 \
+            | grep -E "OUT_PROD\(" | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
+    done
+    wait_model mimo
+    for spec in 0 1 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 1 0; do
+        envs=(--env "LLAMA_VQ_CUDA_OUT_PROD_MMA=${spec%%+*}")
+        [ "$spec" = "${spec#*+}" ] || envs+=(--env "${spec#*+}")
+        DEPTHS=32768,65536 mimo_pp512 "mimo-vpmma5-${spec//[^A-Za-z0-9]/_}" off /tmp/vpmma5 "${envs[@]}"
+    done
+    ;;
 rebuild)
     # a warm machine's build after a change: the configure step runs the packed Python (use_python's libraries); the
     # carry's files are all new, so this recompiles what they feed (minutes for ggml-cuda)
@@ -387,6 +412,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, rebuild, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, rebuild, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"
