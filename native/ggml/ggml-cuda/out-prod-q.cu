@@ -2,6 +2,8 @@
 // with a contiguous f16 src0 (the split attention's V, dequantized once for all of its chunks: F16 GEMM).
 // Hooked in by patch 0005-cuda-out-prod-quantized: out-prod.cuh includes out-prod-q.cuh, ggml_cuda_out_prod hands a
 // quantized or f16 src0 to ggml_cuda_out_prod_q, ggml-cuda.cu's supports_op and CUDA-graph check ask the two predicates.
+// The split attention's SOFT_MAX -> TRANSPOSE -> OUT_PROD as one pass (ggml_cuda_out_prod_q_softmax) is matched by
+// attn-fusion.cu.
 
 #include "out-prod-q.cuh"
 #include "dequantize-x8.cuh"
@@ -313,6 +315,61 @@ static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * d
     }
 }
 
+// SOFT_MAX -> [RESHAPE ->] TRANSPOSE -> OUT_PROD(V, .) as one pass over the raw scores: k_out_prod_q_mma<type, true>
+// (out_prod_q_softmax_args) over the segments out_prod_q_mma_cuda would plan, then k_out_prod_q_softmax_combine
+template <ggml_type type>
+static void out_prod_q_softmax_cuda(ggml_backend_cuda_context & ctx, const ggml_tensor * softmax, ggml_tensor * dst) {
+    const ggml_tensor * src0  = dst->src[0];
+    const ggml_tensor * src1  = dst->src[1];
+    const ggml_tensor * mask  = softmax->src[1];
+    const ggml_tensor * sinks = softmax->src[2];
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    cudaStream_t stream = ctx.stream();
+    const int    nsm    = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
+
+    const int64_t dps2  = ne2/ne02;
+    const int64_t dps3  = ne3/ne03;
+    const int64_t ncols = ne1*dps2*dps3;
+    const int64_t nmat  = ne02*ne03;
+    const int64_t nz    = (ne00/OUT_PROD_Q_MMA_M)*((ncols + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
+    GGML_ASSERT(nmat <= 65535 && nz <= 65535 && ne01 <= INT_MAX);
+
+    const int     chunk_rows = out_prod_q_mma_chunk_rows(ne01, nmat*nz, nsm);
+    const int64_t nseg       = (ne01 + chunk_rows - 1)/chunk_rows;
+    const int64_t ne         = ggml_nelements(dst);
+    const int64_t ncols_all  = ne1*ne2*ne3;
+
+    ggml_cuda_pool_alloc<float> tmp(ctx.pool(), nseg*ne + 2*nseg*ncols_all);
+
+    out_prod_q_softmax_args sm;
+    sm.mask  = mask ? (const half *) mask->data : nullptr;
+    sm.mnb1  = mask ? mask->nb[1]/sizeof(half) : 0;
+    sm.mnb2  = mask ? mask->nb[2]/sizeof(half) : 0;
+    sm.mnb3  = mask ? mask->nb[3]/sizeof(half) : 0;
+    sm.mne2  = mask ? (int) mask->ne[2] : 1;
+    sm.mne3  = mask ? (int) mask->ne[3] : 1;
+    sm.ns1   = (int) softmax->ne[1];
+    sm.ns2   = (int) softmax->ne[2];
+    sm.srow  = (int) (softmax->nb[1]/sizeof(float));
+    memcpy(&sm.scale, (const float *) softmax->op_params + 0, sizeof(float));
+    sm.ml    = tmp.get() + nseg*ne;
+
+    // the raw scores, at the offsets of the softmax's output that src1 views
+    const float * scores = (const float *) softmax->src[0]->data;
+    k_out_prod_q_mma<type, true><<<dim3(nseg, nmat, nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
+        (const char *) src0->data, scores, tmp.get(), ne00, ne01, ne02, ne1, dps2, dps3,
+        nb01, nb02, nb03, nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), ne0, ne0*ne1, ne0*ne1*ne2, ne,
+        chunk_rows, sm);
+    CUDA_CHECK(cudaGetLastError());
+
+    k_out_prod_q_softmax_combine<<<(ne + 255)/256, 256, 0, stream>>>(tmp.get(), sm.ml,
+        sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, ne, (int) ne0, ncols_all, (int) nseg,
+        (int) ne1, (int) ne2, nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), sm.srow, sm.ns1, sm.ns2);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 template <ggml_type type, int ncols>
 static void out_prod_q_vec_launch(
         const dim3 & grid, const char * src0_d, const float * src1_d, float * dst_d,
@@ -550,6 +607,64 @@ void ggml_cuda_out_prod_q(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case GGML_TYPE_Q5_1:   out_prod_q_cuda<GGML_TYPE_Q5_1>  (ctx, dst); break;
         case GGML_TYPE_Q8_0:   out_prod_q_cuda<GGML_TYPE_Q8_0>  (ctx, dst); break;
         case GGML_TYPE_IQ4_NL: out_prod_q_cuda<GGML_TYPE_IQ4_NL>(ctx, dst); break;
+        default: GGML_ABORT("fatal error");
+    }
+}
+
+// LLAMA_VQ_CUDA_SOFTMAX_VP: unset or 1 (the default) takes the softmax into the tensor-core V*P wherever that kernel
+// takes the V*P (out_prod_q_use_mma) and the chain allows it; 0 never
+bool ggml_cuda_out_prod_q_softmax_supported(const ggml_tensor * softmax, const ggml_tensor * kqv) {
+    static const bool enabled = [] {
+        const char * env = getenv("LLAMA_VQ_CUDA_SOFTMAX_VP");
+        return env == nullptr || atoi(env) != 0;
+    }();
+    if (!enabled || softmax->op != GGML_OP_SOFT_MAX || kqv->op != GGML_OP_OUT_PROD) {
+        return false;
+    }
+    const ggml_tensor * scores = softmax->src[0];
+    const ggml_tensor * mask   = softmax->src[1];
+    const ggml_tensor * sinks  = softmax->src[2];
+    const ggml_tensor * v      = kqv->src[0];
+    const ggml_tensor * pt     = kqv->src[1];
+    if (!ggml_is_quantized(v->type) || !ggml_cuda_out_prod_q_supported(v) || pt->type != GGML_TYPE_F32 ||
+            kqv->type != GGML_TYPE_F32 || !ggml_is_contiguous(kqv)) {
+        return false;
+    }
+    if (softmax->type != GGML_TYPE_F32 || scores->type != GGML_TYPE_F32 || !ggml_is_contiguous(softmax) ||
+            !ggml_is_contiguous(scores) || !ggml_are_same_shape(softmax, scores)) {
+        return false;
+    }
+    float max_bias = 0.0f;
+    memcpy(&max_bias, (const float *) softmax->op_params + 1, sizeof(float));
+    if (max_bias != 0.0f) {
+        return false;
+    }
+    if (mask && (mask->type != GGML_TYPE_F16 || mask->ne[0] != softmax->ne[0] || mask->nb[0] != sizeof(half) ||
+            mask->nb[1] % 8 != 0 || mask->nb[2] % 8 != 0 || mask->nb[3] % 8 != 0 || (uintptr_t) mask->data % 8 != 0 ||
+            ggml_nbytes(mask) > (size_t) INT_MAX*sizeof(half))) {
+        return false;
+    }
+    if (sinks && (sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(sinks) || sinks->ne[0] != softmax->ne[2])) {
+        return false;
+    }
+    // the OUT_PROD's P is the softmax's output viewed in place (its data, whole rows per column, k fastest)
+    const size_t row = softmax->nb[1];
+    if (pt->data != softmax->data || pt->nb[1] != sizeof(float) || pt->nb[0] % row != 0 || pt->nb[2] % row != 0 ||
+            pt->nb[3] % row != 0 || softmax->ne[0] != v->ne[1] || row/sizeof(float) > INT_MAX) {
+        return false;
+    }
+    return out_prod_q_use_mma(kqv);
+}
+
+void ggml_cuda_out_prod_q_softmax(ggml_backend_cuda_context & ctx, const ggml_tensor * softmax, ggml_tensor * kqv) {
+    GGML_ASSERT(ggml_cuda_out_prod_q_softmax_supported(softmax, kqv));
+    switch (kqv->src[0]->type) {
+        case GGML_TYPE_Q4_0:   out_prod_q_softmax_cuda<GGML_TYPE_Q4_0>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_Q4_1:   out_prod_q_softmax_cuda<GGML_TYPE_Q4_1>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_Q5_0:   out_prod_q_softmax_cuda<GGML_TYPE_Q5_0>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_Q5_1:   out_prod_q_softmax_cuda<GGML_TYPE_Q5_1>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_Q8_0:   out_prod_q_softmax_cuda<GGML_TYPE_Q8_0>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_IQ4_NL: out_prod_q_softmax_cuda<GGML_TYPE_IQ4_NL>(ctx, softmax, kqv); break;
         default: GGML_ABORT("fatal error");
     }
 }
