@@ -272,6 +272,27 @@ bool ggml_cuda_out_prod_q_uses_gemm(const ggml_tensor * dst) {
     return !out_prod_q_use_vec(ncols_total, src0->ne[0], src0->ne[1]) && !out_prod_q_use_mma(dst);
 }
 
+// k_out_prod_q_mma's grid for dst: dst columns per src0 matrix from dims 2 and 3 (dps2, dps3), the matrices, the
+// (column tile x row block) tiles of each, and the segments of k (out_prod_q_mma_chunk_rows)
+struct out_prod_q_mma_plan {
+    int64_t dps2, dps3, nmat, nz, nseg;
+    int     chunk_rows;
+};
+
+static out_prod_q_mma_plan out_prod_q_mma_plan_for(const ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    out_prod_q_mma_plan p;
+    p.dps2 = dst->ne[2]/src0->ne[2];
+    p.dps3 = dst->ne[3]/src0->ne[3];
+    p.nmat = src0->ne[2]*src0->ne[3];
+    const int64_t ncols = dst->ne[1]*p.dps2*p.dps3;
+    p.nz = (src0->ne[0]/OUT_PROD_Q_MMA_M)*((ncols + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
+    GGML_ASSERT(p.nmat <= 65535 && p.nz <= 65535 && src0->ne[1] <= INT_MAX);
+    p.chunk_rows = out_prod_q_mma_chunk_rows(src0->ne[1], p.nmat*p.nz, ggml_cuda_info().devices[ggml_cuda_get_device()].nsm);
+    p.nseg = (src0->ne[1] + p.chunk_rows - 1)/p.chunk_rows;
+    return p;
+}
+
 // k_out_prod_q_mma over segments of k (out_prod_q_mma_chunk_rows), their partial dst summed by k_out_prod_q_combine
 template <ggml_type type>
 static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -281,18 +302,10 @@ static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * d
     GGML_TENSOR_BINARY_OP_LOCALS
 
     cudaStream_t stream = ctx.stream();
-    const int    nsm    = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
 
-    const int64_t dps2  = ne2/ne02;
-    const int64_t dps3  = ne3/ne03;
-    const int64_t ncols = ne1*dps2*dps3;
-    const int64_t nmat  = ne02*ne03;
-    const int64_t nz    = (ne00/OUT_PROD_Q_MMA_M)*((ncols + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
-    GGML_ASSERT(nmat <= 65535 && nz <= 65535 && ne01 <= INT_MAX);
-
-    const int     chunk_rows = out_prod_q_mma_chunk_rows(ne01, nmat*nz, nsm);
-    const int64_t nseg       = (ne01 + chunk_rows - 1)/chunk_rows;
-    const int64_t ne         = ggml_nelements(dst);
+    const out_prod_q_mma_plan p = out_prod_q_mma_plan_for(dst);
+    const int64_t nseg = p.nseg;
+    const int64_t ne   = ggml_nelements(dst);
 
     ggml_cuda_pool_alloc<float> tmp(ctx.pool());
     float * out = (float *) dst->data;
@@ -304,10 +317,10 @@ static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * d
     const int64_t s2 = nseg > 1 ? ne0*ne1       : nb2/sizeof(float);
     const int64_t s3 = nseg > 1 ? ne0*ne1*ne2   : nb3/sizeof(float);
 
-    k_out_prod_q_mma<type><<<dim3(nseg, nmat, nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
-        (const char *) src0->data, (const float *) src1->data, out, ne00, ne01, ne02, ne1, dps2, dps3,
+    k_out_prod_q_mma<type><<<dim3(nseg, p.nmat, p.nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
+        (const char *) src0->data, (const float *) src1->data, out, ne00, ne01, ne02, ne1, p.dps2, p.dps3,
         nb01, nb02, nb03, nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), s1, s2, s3,
-        nseg > 1 ? ne : 0, chunk_rows);
+        nseg > 1 ? ne : 0, p.chunk_rows);
     CUDA_CHECK(cudaGetLastError());
 
     if (nseg > 1) {
@@ -327,19 +340,11 @@ static void out_prod_q_softmax_cuda(ggml_backend_cuda_context & ctx, const ggml_
     GGML_TENSOR_BINARY_OP_LOCALS
 
     cudaStream_t stream = ctx.stream();
-    const int    nsm    = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
 
-    const int64_t dps2  = ne2/ne02;
-    const int64_t dps3  = ne3/ne03;
-    const int64_t ncols = ne1*dps2*dps3;
-    const int64_t nmat  = ne02*ne03;
-    const int64_t nz    = (ne00/OUT_PROD_Q_MMA_M)*((ncols + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
-    GGML_ASSERT(nmat <= 65535 && nz <= 65535 && ne01 <= INT_MAX);
-
-    const int     chunk_rows = out_prod_q_mma_chunk_rows(ne01, nmat*nz, nsm);
-    const int64_t nseg       = (ne01 + chunk_rows - 1)/chunk_rows;
-    const int64_t ne         = ggml_nelements(dst);
-    const int64_t ncols_all  = ne1*ne2*ne3;
+    const out_prod_q_mma_plan p = out_prod_q_mma_plan_for(dst);
+    const int64_t nseg      = p.nseg;
+    const int64_t ne        = ggml_nelements(dst);
+    const int64_t ncols_all = ne1*ne2*ne3;
 
     ggml_cuda_pool_alloc<float> tmp(ctx.pool(), nseg*ne + 2*nseg*ncols_all);
 
@@ -358,10 +363,10 @@ static void out_prod_q_softmax_cuda(ggml_backend_cuda_context & ctx, const ggml_
 
     // the raw scores, at the offsets of the softmax's output that src1 views
     const float * scores = (const float *) softmax->src[0]->data;
-    k_out_prod_q_mma<type, true><<<dim3(nseg, nmat, nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
-        (const char *) src0->data, scores, tmp.get(), ne00, ne01, ne02, ne1, dps2, dps3,
+    k_out_prod_q_mma<type, true><<<dim3(nseg, p.nmat, p.nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
+        (const char *) src0->data, scores, tmp.get(), ne00, ne01, ne02, ne1, p.dps2, p.dps3,
         nb01, nb02, nb03, nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), ne0, ne0*ne1, ne0*ne1*ne2, ne,
-        chunk_rows, sm);
+        p.chunk_rows, sm);
     CUDA_CHECK(cudaGetLastError());
 
     k_out_prod_q_softmax_combine<<<(ne + 255)/256, 256, 0, stream>>>(tmp.get(), sm.ml,
