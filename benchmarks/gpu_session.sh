@@ -106,6 +106,15 @@ mimo_pp512() {
         | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
 }
 
+# V*P at the largest chunk pp512 gives at each depth (llama-vq-test-cases.h's perf cases), the tensor-core kernel off
+# (the GEMM path) and on every shape it takes
+vp_chunk_sweep() {
+    for mma in 0 2; do
+        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=(8704|33280|66048)' 2>&1 \
+            | grep -E "OUT_PROD\(" | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
+    done
+}
+
 case "$PHASE" in
 build)
     nproc
@@ -337,10 +346,7 @@ vpmma4)
     # depth (llama-vq-test-cases.h) with the kernel off (0) and on every shape (2); then pp512 on the MiMo shape at 8K and
     # 64K and on the 8B shape at 32K (q4_0), the kernel off against its rule with the default bound (8) and with 64
     built || { log "not built"; exit 1; }
-    for mma in 0 2; do
-        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=(8704|33280|66048)' 2>&1 \
-            | grep -E "OUT_PROD\(" | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
-    done
+    vp_chunk_sweep
     wait_model mimo
     wait_model llama8b
     for spec in 0 1 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64 0; do
@@ -363,10 +369,7 @@ vpmma5)
     done
     timeout 120 "$bin/test-backend-ops" test -b CUDA0 -o ATTN_SPLIT > "$OUT/tbo-ATTN_SPLIT.log" 2>&1
     log "ATTN_SPLIT: rc $? $(grep -E 'tests passed|FAIL' "$OUT/tbo-ATTN_SPLIT.log" | sort | uniq -c | head -3 | tr '\n' ' ')"
-    for mma in 0 2; do
-        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=(8704|33280|66048)' 2>&1 \
-            | grep -E "OUT_PROD\(" | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
-    done
+    vp_chunk_sweep
     wait_model mimo
     for spec in 0 1 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 1 0; do
         envs=(--env "LLAMA_VQ_CUDA_OUT_PROD_MMA=${spec%%+*}")
