@@ -106,6 +106,15 @@ mimo_pp512() {
         | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
 }
 
+# V*P at the largest chunk pp512 gives at each depth (llama-vq-test-cases.h's perf cases), the tensor-core kernel off
+# (the GEMM path) and on every shape it takes
+vp_chunk_sweep() {
+    for mma in 0 2; do
+        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=(8704|33280|66048)' 2>&1 \
+            | grep -E "OUT_PROD\(" | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
+    done
+}
+
 case "$PHASE" in
 build)
     nproc
@@ -337,10 +346,7 @@ vpmma4)
     # depth (llama-vq-test-cases.h) with the kernel off (0) and on every shape (2); then pp512 on the MiMo shape at 8K and
     # 64K and on the 8B shape at 32K (q4_0), the kernel off against its rule with the default bound (8) and with 64
     built || { log "not built"; exit 1; }
-    for mma in 0 2; do
-        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=(8704|33280|66048)' 2>&1 \
-            | grep -E "OUT_PROD\(" | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
-    done
+    vp_chunk_sweep
     wait_model mimo
     wait_model llama8b
     for spec in 0 1 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64 0; do
@@ -369,10 +375,7 @@ vpmma5)
         log "ATTN_SPLIT ($spec): rc $? $(grep -E 'tests passed|FAIL|softmax_vp=' "$lg" | sed 's/.*softmax_vp=/softmax_vp=/' \
             | sort | uniq -c | head -4 | tr '\n' ' ')"
     done
-    for mma in 0 2; do
-        LLAMA_VQ_CUDA_OUT_PROD_MMA=$mma "$bin/test-backend-ops" perf -b CUDA0 -o OUT_PROD -p 'n_kv=(8704|33280|66048)' 2>&1 \
-            | grep -E "OUT_PROD\(" | sed "s/^/mma=$mma /" | tee -a "$OUT/$PHASE.txt"
-    done
+    vp_chunk_sweep
     for svp in 0 1; do
         LLAMA_VQ_CUDA_SOFTMAX_VP=$svp "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_SPLIT -p 'n_kv=65536' 2>&1 \
             | grep -E "ATTN_SPLIT\(" | sed "s/^/softmax_vp=$svp /" | tee -a "$OUT/$PHASE.txt"
