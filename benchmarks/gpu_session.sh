@@ -36,9 +36,10 @@
 #                      at 64K off/on/on/off
 #   PHASE=vpmma4 ...   its rule's tile bound: V*P at pp512's largest chunk at 8K/32K/64K (MiMo) and 8K/32K (8B) with the
 #                      kernel off and everywhere, then pp512 (MiMo 8K/64K, 8B 32K) off against the rule at bounds 8 and 64
-#   PHASE=vpmma5 ...   a form of the kernel after a change, in one call after the build: OUT_PROD (kernel everywhere and
-#                      by rule) and ATTN_SPLIT op tests, vpmma4's V*P sweep, pp512 on the MiMo shape at 32K and 64K with
-#                      the kernel off, by rule (bound 8) and with the bound 16, in alternating order
+#   PHASE=vpmma5 ...   a changed form of the kernel (pipelined loads, the softmax taken in): OUT_PROD and ATTN_SPLIT op
+#                      tests (the fusion counted), vpmma4's V*P sweep, the split graph at 64K with the fusion on and off
+#   PHASE=vpmma6 ...   pp512 on the MiMo shape at 32K and 64K: GEMM path, kernel without and with the softmax, bound 16
+#   PHASE=vpmma7 ...   the kernel's tile bound (8, 16, 32, 64) at MiMo 8K/32K/64K and 8B 8K/32K beside the unbounded graph
 #   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
@@ -55,7 +56,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, rebuild, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, rebuild, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -359,22 +360,58 @@ vpmma4)
     done
     ;;
 vpmma5)
-    # a changed form of the tensor-core V*P (e.g. its loads pipelined), everything one call can show after the build:
-    # correctness first, then the op's speed at each depth's chunk, then pp512 (MiMo shape, q8_0 / q4_1) at 32K and 64K
+    # a changed form of the tensor-core V*P (its loads pipelined; the softmax taken in, LLAMA_VQ_CUDA_SOFTMAX_VP),
+    # correctness and the ops' speed: OUT_PROD with the kernel everywhere and by rule; ATTN_SPLIT by default (the
+    # fusion counted), with the kernel everywhere, and with the softmax fusion off; V*P at each depth's chunk (vpmma4's
+    # sweep) and the split graph at 64K with the fusion on and off
     built || { log "not built"; exit 1; }
-    for spec in 2 1; do
-        lg="$OUT/tbo-OUT_PROD-mma$spec.log"
-        LLAMA_VQ_CUDA_OUT_PROD_MMA=$spec timeout 120 "$bin/test-backend-ops" test -b CUDA0 -o OUT_PROD > "$lg" 2>&1
-        log "OUT_PROD (LLAMA_VQ_CUDA_OUT_PROD_MMA=$spec): rc $? $(grep -E 'tests passed|FAIL' "$lg" | sort | uniq -c | head -3 | tr '\n' ' ')"
+    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=2 LLAMA_VQ_CUDA_OUT_PROD_MMA=1; do
+        lg="$OUT/tbo-OUT_PROD-${spec//[^A-Za-z0-9]/_}.log"
+        env $spec timeout 120 "$bin/test-backend-ops" test -b CUDA0 -o OUT_PROD > "$lg" 2>&1
+        log "OUT_PROD ($spec): rc $? $(grep -E 'tests passed|FAIL' "$lg" | sort | uniq -c | head -3 | tr '\n' ' ')"
     done
-    timeout 120 "$bin/test-backend-ops" test -b CUDA0 -o ATTN_SPLIT > "$OUT/tbo-ATTN_SPLIT.log" 2>&1
-    log "ATTN_SPLIT: rc $? $(grep -E 'tests passed|FAIL' "$OUT/tbo-ATTN_SPLIT.log" | sort | uniq -c | head -3 | tr '\n' ' ')"
+    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=2 LLAMA_VQ_CUDA_SOFTMAX_VP=0; do
+        lg="$OUT/tbo-ATTN_SPLIT-${spec//[^A-Za-z0-9]/_}.log"
+        env $spec LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 120 "$bin/test-backend-ops" test -b CUDA0 -o ATTN_SPLIT > "$lg" 2>&1
+        log "ATTN_SPLIT ($spec): rc $? $(grep -E 'tests passed|FAIL|softmax_vp=' "$lg" | sed 's/.*softmax_vp=/softmax_vp=/' \
+            | sort | uniq -c | head -4 | tr '\n' ' ')"
+    done
     vp_chunk_sweep
+    for svp in 0 1; do
+        LLAMA_VQ_CUDA_SOFTMAX_VP=$svp "$bin/test-backend-ops" perf -b CUDA0 -o ATTN_SPLIT -p 'n_kv=65536' 2>&1 \
+            | grep -E "ATTN_SPLIT\(" | sed "s/^/softmax_vp=$svp /" | tee -a "$OUT/$PHASE.txt"
+    done
+    ;;
+vpmma6)
+    # pp512 on the MiMo shape (q8_0 / q4_1) at 32K and 64K: the GEMM path, the tensor-core V*P without and with the
+    # softmax taken in, and with the bound 16, in an order and its reverse
+    built || { log "not built"; exit 1; }
     wait_model mimo
-    for spec in 0 1 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 1+LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 1 0; do
-        envs=(--env "LLAMA_VQ_CUDA_OUT_PROD_MMA=${spec%%+*}")
-        [ "$spec" = "${spec#*+}" ] || envs+=(--env "${spec#*+}")
-        DEPTHS=32768,65536 mimo_pp512 "mimo-vpmma5-${spec//[^A-Za-z0-9]/_}" off /tmp/vpmma5 "${envs[@]}"
+    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_SOFTMAX_VP=0 LLAMA_VQ_CUDA_SOFTMAX_VP=1 \
+            LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 LLAMA_VQ_CUDA_SOFTMAX_VP=1 \
+            LLAMA_VQ_CUDA_SOFTMAX_VP=0 LLAMA_VQ_CUDA_OUT_PROD_MMA=0; do
+        DEPTHS=32768,65536 mimo_pp512 "mimo-vpmma6-${spec//[^A-Za-z0-9]/_}" off /tmp/vpmma6 --env "$spec"
+    done
+    ;;
+vpmma7)
+    # the tensor-core V*P's tile bound after its pipelined form: pp512 on the MiMo shape (q8_0 / q4_1) at 8K/32K/64K and
+    # the 8B shape (q4_0 / q4_0) at 8K/32K with the kernel off, by default (bound 8) and at bounds 16, 32 and 64, beside the unbounded graph
+    built || { log "not built"; exit 1; }
+    gen llama8b llama --preset llama-3.1-8b
+    wait_model mimo
+    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=8 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 \
+            LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=32 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64; do
+        DEPTHS=8192,32768,65536 mimo_pp512 "mimo-vpmma7-${spec//[^A-Za-z0-9]/_}" off /tmp/vpmma7 --env "$spec"
+    done
+    DEPTHS=8192,32768,65536 mimo_pp512 "mimo-vpmma7-unbounded" unbounded /tmp/vpmma7
+    wait_model llama8b
+    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=8 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 \
+            LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64 unbounded; do
+        mode=off envs=(--env "$spec")
+        [ "$spec" = unbounded ] && mode=unbounded envs=()
+        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-llama8b.gguf" \
+            --label "l8b-vpmma7-${spec//[^A-Za-z0-9]/_}" --ctk q4_0 --ctv q4_0 --depths 8192,32768 --modes $mode --tg 0 \
+            --reps 1 "${envs[@]}" --out /tmp/vpmma7 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
     done
     ;;
 rebuild)
@@ -415,6 +452,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, rebuild, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, rebuild, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

@@ -55,11 +55,15 @@ def test_quantized_out_prod_vector_kernel_and_combine_match_float64(harness):
     out = run_job(harness, "out_prod", 12)
     assert " chunks=1 " in out and " cols=64 " in out, out
     # the tensor-core kernel (k_out_prod_q_mma) on NVIDIA's surface only: one segment and several, partial column tiles
+    # and its softmax form (the split's chunk: the raw scores, mask, scale and sinks taken in): sinks on and off,
+    # several segments and one, a partial column tile, d_v 256 and two streams
     if harness[1] == "cuda":
         assert out.count("OK   out_prod_mma ") == 6, out
         assert " segments=1 " in out and " segments=3 " in out and " cols=144 " in out, out
+        assert out.count("OK   out_prod_softmax ") == 4, out
+        assert " sinks=0: " in out and " sinks=1: " in out, out
     else:
-        assert "out_prod_mma" not in out, out
+        assert "out_prod_mma" not in out and "out_prod_softmax" not in out, out
 
 
 def test_rotation_fusions_and_rope_fold_match_float64(harness):

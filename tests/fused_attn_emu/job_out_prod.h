@@ -7,8 +7,8 @@
 #pragma once
 #include OUTPROD_INC
 
-#define OUT_PROD_MMA_ARGS vc.data(), kq.data(), out, c.dv, ne01, ne02, c.ntok, dps2, dps3, nb01, nb02, nb03, \
-    s10, s12, s13, s1, s2, s3, nseg > 1 ? (int64_t) ne : 0, chunk_rows
+#define OUT_PROD_MMA_ARGS vc.data(), kq.data(), out, c.dv, p.ne01, p.ne02, c.ntok, dps2, dps3, p.nb01, p.nb02, p.nb03, \
+    p.s10, p.s12, p.s13, p.s1, p.s2, p.s3, p.nseg > 1 ? (int64_t) ne : 0, p.chunk_rows
 
 struct out_prod_case {
     int dv, n_kv, n_head, n_head_kv, ntok, n_stream, nsm;
@@ -93,6 +93,35 @@ static bool out_prod_run(const out_prod_case & c, const int seed) {
     return ok;
 }
 
+// the tensor-core kernel's grid and strides for case c (out_prod_q_mma_plan_for): V rows rb bytes in a cache of kv_size
+// cells per stream, kq's rows ld floats apart, dst contiguous
+struct out_prod_mma_plan {
+    int     ne01, ne02, chunk_rows;
+    int64_t nmat, nz, nseg;
+    int64_t nb01, nb02, nb03, s10, s12, s13, s1, s2, s3;
+};
+
+static out_prod_mma_plan out_prod_mma_plan_for(const out_prod_case & c, const size_t rb, const int kv_size, const int ld) {
+    const int total = c.ntok*(c.n_head/c.n_head_kv);
+    out_prod_mma_plan p;
+    p.ne01 = c.n_kv;
+    p.ne02 = c.n_head_kv;
+    p.nmat = (int64_t) c.n_head_kv*c.n_stream;
+    p.nz   = (c.dv/OUT_PROD_Q_MMA_M)*((total + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
+    p.chunk_rows = out_prod_q_mma_chunk_rows(p.ne01, p.nmat*p.nz, c.nsm);
+    p.nseg = (p.ne01 + p.chunk_rows - 1)/p.chunk_rows;
+    p.nb01 = (int64_t) rb*c.n_head_kv;
+    p.nb02 = (int64_t) rb;
+    p.nb03 = (int64_t) rb*c.n_head_kv*kv_size;
+    p.s10  = ld;
+    p.s12  = (int64_t) ld*c.ntok;
+    p.s13  = (int64_t) ld*c.ntok*c.n_head;
+    p.s1   = c.dv;
+    p.s2   = (int64_t) c.dv*c.ntok;
+    p.s3   = (int64_t) c.dv*c.ntok*c.n_head;
+    return p;
+}
+
 // k_out_prod_q_mma (the CUDA surface: mma.sync and ldmatrix emulated as the PTX ISA gives them), planned as
 // out_prod_q_mma_cuda plans it (out_prod_q_mma_chunk_rows, the kernel's own helper) on nsm SMs, with kq's rows ld >= n_kv
 // floats apart (a multiple of 4, as the host requires). Reference: float64 sums of V and P each rounded to f16 as the
@@ -117,17 +146,11 @@ static bool out_prod_mma_run(const ggml_type type, const out_prod_case & c, cons
     std::vector<float> dst(ne, NAN);
 
     // out_prod_q_mma_cuda
-    const int ne01 = c.n_kv, ne02 = c.n_head_kv, ne03 = c.n_stream;
-    const int64_t nmat = (int64_t) ne02*ne03;
-    const int64_t nz   = (c.dv/OUT_PROD_Q_MMA_M)*((total + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
-    const int chunk_rows = out_prod_q_mma_chunk_rows(ne01, nmat*nz, c.nsm);
-    const int64_t nseg = (ne01 + chunk_rows - 1)/chunk_rows;
+    const out_prod_mma_plan p = out_prod_mma_plan_for(c, rb, kv_size, ld);
+    const int64_t nseg = p.nseg, s10 = p.s10, s12 = p.s12, s13 = p.s13, s1 = p.s1, s2 = p.s2, s3 = p.s3;
     std::vector<float> tmp(nseg > 1 ? nseg*ne : 0, NAN);
     float * out = nseg > 1 ? tmp.data() : dst.data();
-    const int64_t nb01 = (int64_t) rb*c.n_head_kv, nb02 = (int64_t) rb, nb03 = (int64_t) rb*c.n_head_kv*kv_size;
-    const int64_t s10 = ld, s12 = (int64_t) ld*c.ntok, s13 = (int64_t) ld*c.ntok*c.n_head;
-    const int64_t s1 = c.dv, s2 = (int64_t) c.dv*c.ntok, s3 = (int64_t) c.dv*c.ntok*c.n_head;
-    launch(dim3((unsigned) nseg, (unsigned) nmat, (unsigned) nz), dim3(OUT_PROD_Q_MMA_NT), 0, [&] {
+    launch(dim3((unsigned) nseg, (unsigned) p.nmat, (unsigned) p.nz), dim3(OUT_PROD_Q_MMA_NT), 0, [&] {
         switch (type) {
             case GGML_TYPE_Q4_0:   k_out_prod_q_mma<GGML_TYPE_Q4_0>  (OUT_PROD_MMA_ARGS); break;
             case GGML_TYPE_Q4_1:   k_out_prod_q_mma<GGML_TYPE_Q4_1>  (OUT_PROD_MMA_ARGS); break;
@@ -160,7 +183,110 @@ static bool out_prod_mma_run(const ggml_type type, const out_prod_case & c, cons
     const bool ok = finite && e < 1e-9;
     printf("%s out_prod_mma %s dv=%d n_kv=%d heads=%d/%d ntok=%d streams=%d: cols=%d blocks=%d segments=%d rows=%d nmse=%.3g\n",
            ok ? "OK  " : "FAIL", qtype_name(type), c.dv, c.n_kv, c.n_head, c.n_head_kv, c.ntok, c.n_stream, total,
-           (int) (nmat*nz), (int) nseg, chunk_rows, e);
+           (int) (p.nmat*p.nz), (int) nseg, p.chunk_rows, e);
+    return ok;
+}
+
+// k_out_prod_q_mma<type, true> and k_out_prod_q_softmax_combine (out_prod_q_softmax_cuda): V*P with the softmax taken
+// over, src1 the raw scores [n_kv (rows ld >= n_kv floats apart, a multiple of 4), n_tokens, n_head, n_stream], an f16
+// mask [n_kv (rows ldm halves apart), n_tokens, 1, n_stream] of 0, -inf (a causal edge and scattered holes) and
+// finite values, a scale and optional sinks. Reference: the softmax as ggml's CPU computes it (x = s*scale + mask, the
+// max with the sink, the sum with the sink's exp), in float64, times V rounded to f16 as the kernel rounds it. NMSE
+// bound 1e-6: the kernel rounds P (exp(x - the running max), before the division) to f16 once, 2^-11 relative.
+static bool out_prod_softmax_run(const ggml_type type, const out_prod_case & c, const bool sinks, const int seed) {
+    const int dps2 = c.n_head/c.n_head_kv, dps3 = 1;
+    const int total = c.ntok*dps2*dps3;
+    std::mt19937 g(seed);
+    const int kv_size = c.n_kv + 3;
+    std::vector<char>  vc;
+    std::vector<float> vd;
+    const size_t rb = make_v_cache(g, type, c, kv_size, vc, vd);
+    const int ld  = (c.n_kv + 3)/4*4;
+    const int ldm = (c.n_kv + 7)/4*4; // the mask's rows: padded past ld, as llama.cpp pads them
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::uniform_int_distribution<int> hole(0, 9);
+    std::vector<float> kq((size_t) ld*c.ntok*c.n_head*c.n_stream, NAN); // the padding is never read
+    for (int r = 0; r < c.ntok*c.n_head*c.n_stream; ++r) {
+        for (int k = 0; k < c.n_kv; ++k) {
+            kq[(size_t) r*ld + k] = nd(g);
+        }
+    }
+    std::vector<half> mask((size_t) ldm*c.ntok*c.n_stream);
+    for (int s = 0; s < c.n_stream; ++s) for (int t = 0; t < c.ntok; ++t) for (int k = 0; k < ldm; ++k) {
+        const bool masked = k > c.n_kv - c.ntok + t || (k > 0 && hole(g) == 0); // cell 0 always attended
+        mask[((size_t) s*c.ntok + t)*ldm + k] = half(masked ? -INFINITY : k % 7 == 3 ? -1.5f : 0.0f);
+    }
+    std::vector<float> sk(c.n_head);
+    for (auto & x : sk) x = nd(g);
+    const float scale = 0.125f;
+    const size_t ne = (size_t) c.dv*c.ntok*c.n_head*c.n_stream;
+    std::vector<float> dst(ne, NAN);
+
+    // out_prod_q_softmax_cuda
+    const out_prod_mma_plan p = out_prod_mma_plan_for(c, rb, kv_size, ld);
+    const int64_t nseg = p.nseg, s10 = p.s10, s12 = p.s12, s13 = p.s13, s1 = p.s1, s2 = p.s2, s3 = p.s3;
+    const int64_t ncols_all = (int64_t) c.ntok*c.n_head*c.n_stream;
+    std::vector<float> tmp(nseg*ne + 2*nseg*ncols_all, NAN);
+    out_prod_q_softmax_args sm;
+    sm.mask = mask.data();
+    sm.mnb1 = ldm;
+    sm.mnb2 = (int64_t) ldm*c.ntok;
+    sm.mnb3 = (int64_t) ldm*c.ntok;
+    sm.mne2 = 1;
+    sm.mne3 = c.n_stream;
+    sm.ns1  = c.ntok;
+    sm.ns2  = c.n_head;
+    sm.srow = ld;
+    sm.scale = scale;
+    sm.ml   = tmp.data() + nseg*ne;
+    launch(dim3((unsigned) nseg, (unsigned) p.nmat, (unsigned) p.nz), dim3(OUT_PROD_Q_MMA_NT), 0, [&] {
+#define OUT_PROD_SOFTMAX_ARGS vc.data(), kq.data(), tmp.data(), c.dv, p.ne01, p.ne02, c.ntok, dps2, dps3, p.nb01, p.nb02, \
+    p.nb03, p.s10, p.s12, p.s13, p.s1, p.s2, p.s3, (int64_t) ne, p.chunk_rows, sm
+        switch (type) {
+            case GGML_TYPE_Q4_0:   k_out_prod_q_mma<GGML_TYPE_Q4_0,   true>(OUT_PROD_SOFTMAX_ARGS); break;
+            case GGML_TYPE_Q4_1:   k_out_prod_q_mma<GGML_TYPE_Q4_1,   true>(OUT_PROD_SOFTMAX_ARGS); break;
+            case GGML_TYPE_Q5_0:   k_out_prod_q_mma<GGML_TYPE_Q5_0,   true>(OUT_PROD_SOFTMAX_ARGS); break;
+            case GGML_TYPE_Q5_1:   k_out_prod_q_mma<GGML_TYPE_Q5_1,   true>(OUT_PROD_SOFTMAX_ARGS); break;
+            case GGML_TYPE_Q8_0:   k_out_prod_q_mma<GGML_TYPE_Q8_0,   true>(OUT_PROD_SOFTMAX_ARGS); break;
+            case GGML_TYPE_IQ4_NL: k_out_prod_q_mma<GGML_TYPE_IQ4_NL, true>(OUT_PROD_SOFTMAX_ARGS); break;
+            default: abort();
+        }
+#undef OUT_PROD_SOFTMAX_ARGS
+    });
+    launch(dim3((unsigned) ((ne + 255)/256)), dim3(256), 0, [&] {
+        k_out_prod_q_softmax_combine(tmp.data(), sm.ml, sinks ? sk.data() : nullptr, dst.data(), (int64_t) ne, c.dv,
+            ncols_all, (int) nseg, c.ntok, c.n_head, s10, s12, s13, ld, c.ntok, c.n_head);
+    });
+
+    auto f16 = [](const float x) { return (double) (float) half(x); };
+    std::vector<double> ref(ne);
+    std::vector<double> pr(c.n_kv); // P of one row
+    for (int s = 0; s < c.n_stream; ++s) for (int h = 0; h < c.n_head; ++h) for (int t = 0; t < c.ntok; ++t) {
+        double mx = sinks ? (double) sk[h] : -INFINITY;
+        for (int k = 0; k < c.n_kv; ++k) {
+            const float x = kq[k + t*s10 + h*s12 + s*s13]*scale + (float) mask[((size_t) s*c.ntok + t)*ldm + k];
+            pr[k] = x;
+            mx = std::max(mx, (double) x);
+        }
+        double sum = sinks ? std::exp((double) sk[h] - mx) : 0.0;
+        for (int k = 0; k < c.n_kv; ++k) {
+            pr[k] = std::exp(pr[k] - mx);
+            sum += pr[k];
+        }
+        for (int i = 0; i < c.dv; ++i) {
+            double a = 0;
+            for (int k = 0; k < c.n_kv; ++k) {
+                a += f16(vd[(((size_t) s*kv_size + k)*c.n_head_kv + h/dps2)*c.dv + i]) * pr[k];
+            }
+            ref[i + t*s1 + h*s2 + s*s3] = a/sum;
+        }
+    }
+    bool finite;
+    const double e = nmse(ref, dst.data(), ne, &finite);
+    const bool ok = finite && e < 1e-6;
+    printf("%s out_prod_softmax %s dv=%d n_kv=%d heads=%d/%d ntok=%d streams=%d sinks=%d: cols=%d blocks=%d segments=%d rows=%d nmse=%.3g\n",
+           ok ? "OK  " : "FAIL", qtype_name(type), c.dv, c.n_kv, c.n_head, c.n_head_kv, c.ntok, c.n_stream, (int) sinks,
+           total, (int) (p.nmat*p.nz), (int) nseg, p.chunk_rows, e);
     return ok;
 }
 
@@ -190,6 +316,12 @@ static bool run_out_prod() {
     EMU_CASE(out_prod_mma_run(GGML_TYPE_Q5_0,   {128,  513,  4, 4, 70, 1, 132}, seed + g_emu_case)); // GQA 1, 70 columns
     EMU_CASE(out_prod_mma_run(GGML_TYPE_Q5_1,   {128,  200, 12, 3,  3, 1,   1}, seed + g_emu_case)); // one segment
     EMU_CASE(out_prod_mma_run(GGML_TYPE_IQ4_NL, {128,   33, 32, 8,  5, 1, 104}, seed + g_emu_case)); // 33 cells
+    // its softmax form (the split's chunk with the softmax taken over): MiMo's chunk at GQA 16 with sinks over k
+    // segments, a partial column tile and a k tail without sinks, d_v 256 and two streams, one segment
+    EMU_CASE(out_prod_softmax_run(GGML_TYPE_Q4_1, {128,  520, 64, 4, 16, 1,   8}, true,  seed + g_emu_case));
+    EMU_CASE(out_prod_softmax_run(GGML_TYPE_Q8_0, {128,  777, 16, 1,  9, 1,  16}, false, seed + g_emu_case));
+    EMU_CASE(out_prod_softmax_run(GGML_TYPE_Q4_0, {256,  301,  8, 2,  8, 2,   4}, true,  seed + g_emu_case));
+    EMU_CASE(out_prod_softmax_run(GGML_TYPE_Q5_1, {128,  200, 12, 3,  3, 1,   1}, true,  seed + g_emu_case));
 #endif // defined(OUT_PROD_Q_MMA_CODE)
     return all;
 }

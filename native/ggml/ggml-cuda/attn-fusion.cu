@@ -3,6 +3,7 @@
 
 #include "attn-fusion.cuh"
 #include "attn-decode-fused.cuh"
+#include "out-prod-q.cuh"
 #include "fwht.cuh"
 #include "fwht-fused.cuh"
 #include "rotation-fusion.cuh"
@@ -104,12 +105,79 @@ static void ggml_cuda_match_attn_tail(const ggml_cgraph * cgraph, const int i, c
     }
 }
 
+// how many of the graph's nodes read t
+static int32_t ggml_cuda_attn_fusion_uses(const ggml_cgraph * cgraph, const ggml_tensor * t) {
+    const size_t pos = ggml_hash_find(&cgraph->visited_hash_set, t);
+    return ggml_bitset_get(cgraph->visited_hash_set.used, pos) ? cgraph->use_counts[pos] : 0;
+}
+
+// whether t is read once and is not an output: the fused kernel may skip it
+static bool ggml_cuda_attn_fusion_used_once(const ggml_cgraph * cgraph, const ggml_tensor * t) {
+    return ggml_cuda_attn_fusion_uses(cgraph, t) == 1 && !(t->flags & GGML_TENSOR_FLAG_OUTPUT);
+}
+
+// the split attention's chunk (llama-vq-attn.h) from its SOFT_MAX at nodes[i]: [RESHAPE ->] TRANSPOSE -> OUT_PROD(V, .),
+// each consuming the previous one, with only views of other tensors in between. The softmax runs in place on the
+// scores (a view of K*Q's output, through a reshape): skipping it leaves them raw, which the fused kernel reads; so
+// the softmax, the views after it and every tensor on its input's view chain must have no other reader.
+// (ggml_can_fuse_subgraph_ext refuses a view whose source is outside the fused nodes, as the in-place softmax is.)
+static bool ggml_cuda_match_softmax_vp(const ggml_cgraph * cgraph, const int i, ggml_cuda_attn_fusion & f) {
+    const ggml_tensor * softmax = cgraph->nodes[i];
+    if ((softmax->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || !ggml_cuda_attn_fusion_used_once(cgraph, softmax)) {
+        return false;
+    }
+    // the scores, down through their views to the tensor that owns the memory (K*Q's output)
+    for (const ggml_tensor * t = softmax->src[0]; ; t = t->src[0]) {
+        if (t == nullptr || !ggml_cuda_attn_fusion_used_once(cgraph, t)) {
+            return false;
+        }
+        if (t->view_src == nullptr) {
+            break;
+        }
+    }
+    int n = 1;
+    const ggml_tensor * prev = softmax;
+    int other = 0;
+    for (int j = i + 1; j < cgraph->n_nodes; ++j) {
+        const ggml_tensor * t = cgraph->nodes[j];
+        const bool reshape   = t->op == GGML_OP_RESHAPE && n == 1 && t->src[0] == prev;
+        const bool transpose = t->op == GGML_OP_TRANSPOSE && t->src[0] == prev && prev->op != GGML_OP_TRANSPOSE;
+        const bool out_prod  = t->op == GGML_OP_OUT_PROD && t->src[1] == prev && prev->op == GGML_OP_TRANSPOSE;
+        if (reshape || transpose || out_prod) {
+            if (out_prod) {
+                if ((t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0 || !ggml_cuda_out_prod_q_softmax_supported(softmax, t)) {
+                    return false;
+                }
+                f.sm_idx     = i;
+                f.kqv_idx    = j;
+                f.out_idx    = j;
+                f.n_nodes    = j - i + 1;
+                f.softmax_vp = true;
+                return true;
+            }
+            if (!ggml_cuda_attn_fusion_used_once(cgraph, t)) {
+                return false;
+            }
+            ++n;
+            prev = t;
+            continue;
+        }
+        if (!ggml_cuda_fwht_fusion_is_view(t->op) || ++other > GGML_CUDA_ATTN_FUSION_MAX_OTHER_VIEWS) {
+            return false;
+        }
+    }
+    return false;
+}
+
 bool ggml_cuda_match_attn_fusion(const ggml_cgraph * cgraph, const int i, ggml_cuda_attn_fusion & f) {
+    const ggml_tensor * node = cgraph->nodes[i];
+    if (node->op == GGML_OP_SOFT_MAX) {
+        return ggml_cuda_match_softmax_vp(cgraph, i, f);
+    }
     const ggml_cuda_attn_fusion_mode_t mode = ggml_cuda_attn_fusion_mode();
     if (mode == GGML_CUDA_ATTN_FUSION_OFF) {
         return false;
     }
-    const ggml_tensor * node = cgraph->nodes[i];
     if (node->op != GGML_OP_MUL_MAT) {
         return false;
     }
@@ -193,9 +261,9 @@ bool ggml_cuda_match_attn_fusion(const ggml_cgraph * cgraph, const int i, ggml_c
 }
 
 // how often the fused attention ran (plain, with the query rotation; of those, with the output's permute and copy, and
-// with V's inverse rotation; of all, with V*P on tensor cores); printed at exit with
-// LLAMA_VQ_CUDA_FUSION_STATS=1
-static std::atomic<int64_t> ggml_cuda_attn_fusion_runs[5];
+// with V's inverse rotation; of all, with V*P on tensor cores) and the split's softmax with its V*P; printed at exit
+// with LLAMA_VQ_CUDA_FUSION_STATS=1
+static std::atomic<int64_t> ggml_cuda_attn_fusion_runs[6];
 
 struct ggml_cuda_attn_fusion_stats {
     ~ggml_cuda_attn_fusion_stats() {
@@ -204,15 +272,20 @@ struct ggml_cuda_attn_fusion_stats {
             return;
         }
         fprintf(stderr, "llama-vq: attention fusions run: attn=%" PRId64 " rotated=%" PRId64 " tail=%" PRId64 " tail_rotated=%" PRId64
-                " mma=%" PRId64 "\n",
+                " mma=%" PRId64 " softmax_vp=%" PRId64 "\n",
                 ggml_cuda_attn_fusion_runs[0].load(), ggml_cuda_attn_fusion_runs[1].load(),
                 ggml_cuda_attn_fusion_runs[2].load(), ggml_cuda_attn_fusion_runs[3].load(),
-                ggml_cuda_attn_fusion_runs[4].load());
+                ggml_cuda_attn_fusion_runs[4].load(), ggml_cuda_attn_fusion_runs[5].load());
     }
 };
 static ggml_cuda_attn_fusion_stats ggml_cuda_attn_fusion_stats_at_exit;
 
 void ggml_cuda_op_attn_fusion(ggml_backend_cuda_context & ctx, ggml_cgraph * cgraph, const int i, const ggml_cuda_attn_fusion & f) {
+    if (f.softmax_vp) {
+        ggml_cuda_out_prod_q_softmax(ctx, cgraph->nodes[f.sm_idx], cgraph->nodes[f.kqv_idx]);
+        ggml_cuda_attn_fusion_runs[5]++;
+        return;
+    }
     const ggml_tensor * kq  = cgraph->nodes[f.kq_idx];
     const ggml_tensor * sm   = cgraph->nodes[f.sm_idx];
     ggml_tensor       * kqv  = cgraph->nodes[f.kqv_idx];

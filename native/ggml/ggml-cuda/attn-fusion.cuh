@@ -18,9 +18,12 @@ struct ggml_cuda_attn_fusion {
     int hadamard_n = 0;  // > 0: nodes[i] is the rotation of the queries
     bool tail      = false; // PERMUTE -> CONT [-> RESHAPE -> MUL_MAT(Hadamard)] done too
     int out_rot    = 0;     // the tail's rotation (0: none)
+    bool softmax_vp = false; // SOFT_MAX -> [RESHAPE ->] TRANSPOSE -> OUT_PROD: the split attention's chunk, its softmax
+                             // taken into the tensor-core V*P (out-prod-q.cuh); kq_idx -1, sm_idx == i
 };
 
-// whether nodes[i] starts a fused attention chain; f: its nodes and the node the kernels write
+// whether nodes[i] starts a fused attention chain (a MUL_MAT: the decode attention; a SOFT_MAX: the split's softmax and
+// V*P); f: its nodes and the node the kernels write
 bool ggml_cuda_match_attn_fusion(const ggml_cgraph * cgraph, int i, ggml_cuda_attn_fusion & f);
 
 // runs the chain f matched at nodes[i], and counts it (printed at exit with LLAMA_VQ_CUDA_FUSION_STATS=1)

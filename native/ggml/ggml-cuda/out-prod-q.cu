@@ -2,6 +2,8 @@
 // with a contiguous f16 src0 (the split attention's V, dequantized once for all of its chunks: F16 GEMM).
 // Hooked in by patch 0005-cuda-out-prod-quantized: out-prod.cuh includes out-prod-q.cuh, ggml_cuda_out_prod hands a
 // quantized or f16 src0 to ggml_cuda_out_prod_q, ggml-cuda.cu's supports_op and CUDA-graph check ask the two predicates.
+// The split attention's SOFT_MAX -> TRANSPOSE -> OUT_PROD as one pass (ggml_cuda_out_prod_q_softmax) is matched by
+// attn-fusion.cu.
 
 #include "out-prod-q.cuh"
 #include "dequantize-x8.cuh"
@@ -245,9 +247,9 @@ static bool out_prod_q_use_mma(const ggml_tensor * dst) {
     if (!ampere_mma_available(info.cc)) {
         return false;
     }
-    // src1 read k-fastest in runs of 4 floats
+    // src1 read k-fastest in runs of 4 floats, at 32-bit offsets
     if (src1->nb[1] != sizeof(float) || src1->nb[0] % 16 != 0 || src1->nb[2] % 16 != 0 || src1->nb[3] % 16 != 0 ||
-            (uintptr_t) src1->data % 16 != 0) {
+            (uintptr_t) src1->data % 16 != 0 || ggml_nbytes(src1) > (size_t) INT_MAX*sizeof(float)) {
         return false;
     }
     const int64_t dps2  = dst->ne[2]/src0->ne[2];
@@ -270,6 +272,27 @@ bool ggml_cuda_out_prod_q_uses_gemm(const ggml_tensor * dst) {
     return !out_prod_q_use_vec(ncols_total, src0->ne[0], src0->ne[1]) && !out_prod_q_use_mma(dst);
 }
 
+// k_out_prod_q_mma's grid for dst: dst columns per src0 matrix from dims 2 and 3 (dps2, dps3), the matrices, the
+// (column tile x row block) tiles of each, and the segments of k (out_prod_q_mma_chunk_rows)
+struct out_prod_q_mma_plan {
+    int64_t dps2, dps3, nmat, nz, nseg;
+    int     chunk_rows;
+};
+
+static out_prod_q_mma_plan out_prod_q_mma_plan_for(const ggml_tensor * dst) {
+    const ggml_tensor * src0 = dst->src[0];
+    out_prod_q_mma_plan p;
+    p.dps2 = dst->ne[2]/src0->ne[2];
+    p.dps3 = dst->ne[3]/src0->ne[3];
+    p.nmat = src0->ne[2]*src0->ne[3];
+    const int64_t ncols = dst->ne[1]*p.dps2*p.dps3;
+    p.nz = (src0->ne[0]/OUT_PROD_Q_MMA_M)*((ncols + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
+    GGML_ASSERT(p.nmat <= 65535 && p.nz <= 65535 && src0->ne[1] <= INT_MAX);
+    p.chunk_rows = out_prod_q_mma_chunk_rows(src0->ne[1], p.nmat*p.nz, ggml_cuda_info().devices[ggml_cuda_get_device()].nsm);
+    p.nseg = (src0->ne[1] + p.chunk_rows - 1)/p.chunk_rows;
+    return p;
+}
+
 // k_out_prod_q_mma over segments of k (out_prod_q_mma_chunk_rows), their partial dst summed by k_out_prod_q_combine
 template <ggml_type type>
 static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -279,18 +302,10 @@ static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * d
     GGML_TENSOR_BINARY_OP_LOCALS
 
     cudaStream_t stream = ctx.stream();
-    const int    nsm    = ggml_cuda_info().devices[ggml_cuda_get_device()].nsm;
 
-    const int64_t dps2  = ne2/ne02;
-    const int64_t dps3  = ne3/ne03;
-    const int64_t ncols = ne1*dps2*dps3;
-    const int64_t nmat  = ne02*ne03;
-    const int64_t nz    = (ne00/OUT_PROD_Q_MMA_M)*((ncols + OUT_PROD_Q_MMA_N - 1)/OUT_PROD_Q_MMA_N);
-    GGML_ASSERT(nmat <= 65535 && nz <= 65535 && ne01 <= INT_MAX);
-
-    const int     chunk_rows = out_prod_q_mma_chunk_rows(ne01, nmat*nz, nsm);
-    const int64_t nseg       = (ne01 + chunk_rows - 1)/chunk_rows;
-    const int64_t ne         = ggml_nelements(dst);
+    const out_prod_q_mma_plan p = out_prod_q_mma_plan_for(dst);
+    const int64_t nseg = p.nseg;
+    const int64_t ne   = ggml_nelements(dst);
 
     ggml_cuda_pool_alloc<float> tmp(ctx.pool());
     float * out = (float *) dst->data;
@@ -302,15 +317,62 @@ static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * d
     const int64_t s2 = nseg > 1 ? ne0*ne1       : nb2/sizeof(float);
     const int64_t s3 = nseg > 1 ? ne0*ne1*ne2   : nb3/sizeof(float);
 
-    k_out_prod_q_mma<type><<<dim3(nseg, nmat, nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
-        (const char *) src0->data, (const float *) src1->data, out, ne00, ne01, ne02, ne1, dps2, dps3,
+    k_out_prod_q_mma<type><<<dim3(nseg, p.nmat, p.nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
+        (const char *) src0->data, (const float *) src1->data, out, ne00, ne01, ne02, ne1, p.dps2, p.dps3,
         nb01, nb02, nb03, nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), s1, s2, s3,
-        nseg > 1 ? ne : 0, chunk_rows);
+        nseg > 1 ? ne : 0, p.chunk_rows);
     CUDA_CHECK(cudaGetLastError());
 
     if (nseg > 1) {
         out_prod_q_combine_cuda(out, (float *) dst->data, ne, (int) nseg, stream);
     }
+}
+
+// SOFT_MAX -> [RESHAPE ->] TRANSPOSE -> OUT_PROD(V, .) as one pass over the raw scores: k_out_prod_q_mma<type, true>
+// (out_prod_q_softmax_args) over the segments out_prod_q_mma_cuda would plan, then k_out_prod_q_softmax_combine
+template <ggml_type type>
+static void out_prod_q_softmax_cuda(ggml_backend_cuda_context & ctx, const ggml_tensor * softmax, ggml_tensor * dst) {
+    const ggml_tensor * src0  = dst->src[0];
+    const ggml_tensor * src1  = dst->src[1];
+    const ggml_tensor * mask  = softmax->src[1];
+    const ggml_tensor * sinks = softmax->src[2];
+
+    GGML_TENSOR_BINARY_OP_LOCALS
+
+    cudaStream_t stream = ctx.stream();
+
+    const out_prod_q_mma_plan p = out_prod_q_mma_plan_for(dst);
+    const int64_t nseg      = p.nseg;
+    const int64_t ne        = ggml_nelements(dst);
+    const int64_t ncols_all = ne1*ne2*ne3;
+
+    ggml_cuda_pool_alloc<float> tmp(ctx.pool(), nseg*ne + 2*nseg*ncols_all);
+
+    out_prod_q_softmax_args sm;
+    sm.mask  = mask ? (const half *) mask->data : nullptr;
+    sm.mnb1  = mask ? mask->nb[1]/sizeof(half) : 0;
+    sm.mnb2  = mask ? mask->nb[2]/sizeof(half) : 0;
+    sm.mnb3  = mask ? mask->nb[3]/sizeof(half) : 0;
+    sm.mne2  = mask ? (int) mask->ne[2] : 1;
+    sm.mne3  = mask ? (int) mask->ne[3] : 1;
+    sm.ns1   = (int) softmax->ne[1];
+    sm.ns2   = (int) softmax->ne[2];
+    sm.srow  = (int) (softmax->nb[1]/sizeof(float));
+    memcpy(&sm.scale, (const float *) softmax->op_params + 0, sizeof(float));
+    sm.ml    = tmp.get() + nseg*ne;
+
+    // the raw scores, at the offsets of the softmax's output that src1 views
+    const float * scores = (const float *) softmax->src[0]->data;
+    k_out_prod_q_mma<type, true><<<dim3(nseg, p.nmat, p.nz), OUT_PROD_Q_MMA_NT, 0, stream>>>(
+        (const char *) src0->data, scores, tmp.get(), ne00, ne01, ne02, ne1, p.dps2, p.dps3,
+        nb01, nb02, nb03, nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), ne0, ne0*ne1, ne0*ne1*ne2, ne,
+        p.chunk_rows, sm);
+    CUDA_CHECK(cudaGetLastError());
+
+    k_out_prod_q_softmax_combine<<<(ne + 255)/256, 256, 0, stream>>>(tmp.get(), sm.ml,
+        sinks ? (const float *) sinks->data : nullptr, (float *) dst->data, ne, (int) ne0, ncols_all, (int) nseg,
+        (int) ne1, (int) ne2, nb10/sizeof(float), nb12/sizeof(float), nb13/sizeof(float), sm.srow, sm.ns1, sm.ns2);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 template <ggml_type type, int ncols>
@@ -550,6 +612,64 @@ void ggml_cuda_out_prod_q(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case GGML_TYPE_Q5_1:   out_prod_q_cuda<GGML_TYPE_Q5_1>  (ctx, dst); break;
         case GGML_TYPE_Q8_0:   out_prod_q_cuda<GGML_TYPE_Q8_0>  (ctx, dst); break;
         case GGML_TYPE_IQ4_NL: out_prod_q_cuda<GGML_TYPE_IQ4_NL>(ctx, dst); break;
+        default: GGML_ABORT("fatal error");
+    }
+}
+
+// LLAMA_VQ_CUDA_SOFTMAX_VP: unset or 1 (the default) takes the softmax into the tensor-core V*P wherever that kernel
+// takes the V*P (out_prod_q_use_mma) and the chain allows it; 0 never
+bool ggml_cuda_out_prod_q_softmax_supported(const ggml_tensor * softmax, const ggml_tensor * kqv) {
+    static const bool enabled = [] {
+        const char * env = getenv("LLAMA_VQ_CUDA_SOFTMAX_VP");
+        return env == nullptr || atoi(env) != 0;
+    }();
+    if (!enabled || softmax->op != GGML_OP_SOFT_MAX || kqv->op != GGML_OP_OUT_PROD) {
+        return false;
+    }
+    const ggml_tensor * scores = softmax->src[0];
+    const ggml_tensor * mask   = softmax->src[1];
+    const ggml_tensor * sinks  = softmax->src[2];
+    const ggml_tensor * v      = kqv->src[0];
+    const ggml_tensor * pt     = kqv->src[1];
+    if (!ggml_is_quantized(v->type) || !ggml_cuda_out_prod_q_supported(v) || pt->type != GGML_TYPE_F32 ||
+            kqv->type != GGML_TYPE_F32 || !ggml_is_contiguous(kqv)) {
+        return false;
+    }
+    if (softmax->type != GGML_TYPE_F32 || scores->type != GGML_TYPE_F32 || !ggml_is_contiguous(softmax) ||
+            !ggml_is_contiguous(scores) || !ggml_are_same_shape(softmax, scores)) {
+        return false;
+    }
+    float max_bias = 0.0f;
+    memcpy(&max_bias, (const float *) softmax->op_params + 1, sizeof(float));
+    if (max_bias != 0.0f) {
+        return false;
+    }
+    if (mask && (mask->type != GGML_TYPE_F16 || mask->ne[0] != softmax->ne[0] || mask->nb[0] != sizeof(half) ||
+            mask->nb[1] % 8 != 0 || mask->nb[2] % 8 != 0 || mask->nb[3] % 8 != 0 || (uintptr_t) mask->data % 8 != 0 ||
+            ggml_nbytes(mask) > (size_t) INT_MAX*sizeof(half))) {
+        return false;
+    }
+    if (sinks && (sinks->type != GGML_TYPE_F32 || !ggml_is_contiguous(sinks) || sinks->ne[0] != softmax->ne[2])) {
+        return false;
+    }
+    // the OUT_PROD's P is the softmax's output viewed in place (its data, whole rows per column, k fastest)
+    const size_t row = softmax->nb[1];
+    if (pt->data != softmax->data || pt->nb[1] != sizeof(float) || pt->nb[0] % row != 0 || pt->nb[2] % row != 0 ||
+            pt->nb[3] % row != 0 || softmax->ne[0] != v->ne[1] || row/sizeof(float) > INT_MAX) {
+        return false;
+    }
+    return out_prod_q_use_mma(kqv);
+}
+
+void ggml_cuda_out_prod_q_softmax(ggml_backend_cuda_context & ctx, const ggml_tensor * softmax, ggml_tensor * kqv) {
+    GGML_ASSERT(ggml_cuda_out_prod_q_softmax_supported(softmax, kqv));
+    switch (kqv->src[0]->type) {
+        case GGML_TYPE_Q4_0:   out_prod_q_softmax_cuda<GGML_TYPE_Q4_0>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_Q4_1:   out_prod_q_softmax_cuda<GGML_TYPE_Q4_1>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_Q5_0:   out_prod_q_softmax_cuda<GGML_TYPE_Q5_0>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_Q5_1:   out_prod_q_softmax_cuda<GGML_TYPE_Q5_1>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_Q8_0:   out_prod_q_softmax_cuda<GGML_TYPE_Q8_0>  (ctx, softmax, kqv); break;
+        case GGML_TYPE_IQ4_NL: out_prod_q_softmax_cuda<GGML_TYPE_IQ4_NL>(ctx, softmax, kqv); break;
         default: GGML_ABORT("fatal error");
     }
 }

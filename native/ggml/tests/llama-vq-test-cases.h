@@ -955,6 +955,10 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 6500,  24, false, 1,   8, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8,  640,  20, true,  2,   8, GGML_TYPE_F16));
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_F16,  GGML_TYPE_F16,   64,  64,  9, 3,  512,  20, false, 2,   8));
+    // on NVIDIA sm_80+ by default the tensor-core V*P with the softmax taken in (16-token chunks at GQA 16: 256
+    // columns in 8 output tiles; f16 mask, sinks; 3,000 cells: k segments, the last one short)
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 3000,  48, true,  1,  16, GGML_TYPE_F16));
+    test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 192, 128, 64, 4, 2048,  32, false, 1,  16, GGML_TYPE_F16));
     // a quantized V dequantized to f16 once per stream, each chunk's OUT_PROD reading the f16 copy (LLAMA_VQ_ATTN_V_F16=1):
     // MiMo's full and SWA shapes with the f16 mask (split-K segments, sinks, 2 streams), 8B, one token per chunk
     test_cases.emplace_back(new test_attn_split(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 4096,  40, false, 1,   8, GGML_TYPE_F16, LLAMA_VQ_ATTN_V_F16));
