@@ -39,7 +39,7 @@
 #   PHASE=vpmma5 ...   a changed form of the kernel (pipelined loads, the softmax taken in): OUT_PROD and ATTN_SPLIT op
 #                      tests (the fusion counted), vpmma4's V*P sweep, the split graph at 64K with the fusion on and off
 #   PHASE=vpmma6 ...   pp512 on the MiMo shape at 32K and 64K: GEMM path, kernel without and with the softmax, bound 16
-#   PHASE=vpmma7 ...   the kernel's tile bound (8, 16, 32, 64) at MiMo 8K/32K/64K and 8B 8K/32K beside the unbounded graph
+#   PHASE=vpmma7 ...   the kernel's tile bound (off, 8, 16, 64) at MiMo 32K/64K and 8B 8K/32K beside the unbounded graph
 #   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
@@ -394,19 +394,20 @@ vpmma6)
     done
     ;;
 vpmma7)
-    # the tensor-core V*P's tile bound after its pipelined form: pp512 on the MiMo shape (q8_0 / q4_1) at 8K/32K/64K and
-    # the 8B shape (q4_0 / q4_0) at 8K/32K with the kernel off, by default (bound 8) and at bounds 16, 32 and 64, beside the unbounded graph
+    # the tensor-core V*P's tile bound after its pipelined form: pp512 on the MiMo shape (q8_0 / q4_1) at 32K/64K and
+    # the 8B shape (q4_0 / q4_0) at 8K/32K with the kernel off, by default (bound 8) and at bounds 16 and 64, beside
+    # the unbounded graph
     built || { log "not built"; exit 1; }
     gen llama8b llama --preset llama-3.1-8b
     wait_model mimo
     for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=8 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 \
-            LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=32 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64; do
-        DEPTHS=8192,32768,65536 mimo_pp512 "mimo-vpmma7-${spec//[^A-Za-z0-9]/_}" off /tmp/vpmma7 --env "$spec"
+            LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64; do
+        DEPTHS=32768,65536 mimo_pp512 "mimo-vpmma7-${spec//[^A-Za-z0-9]/_}" off /tmp/vpmma7 --env "$spec"
     done
-    DEPTHS=8192,32768,65536 mimo_pp512 "mimo-vpmma7-unbounded" unbounded /tmp/vpmma7
+    DEPTHS=32768,65536 mimo_pp512 "mimo-vpmma7-unbounded" unbounded /tmp/vpmma7
     wait_model llama8b
-    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=8 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 \
-            LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64 unbounded; do
+    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64 \
+            unbounded; do
         mode=off envs=(--env "$spec")
         [ "$spec" = unbounded ] && mode=unbounded envs=()
         python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-llama8b.gguf" \

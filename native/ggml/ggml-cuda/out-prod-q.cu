@@ -222,13 +222,13 @@ static int64_t out_prod_q_gemm_tiles(const int64_t m, const int64_t n, const int
 // OUT_PROD_Q_MMA_MIN_COLS dst columns per V matrix (decode batches, up to 8 sequences at GQA 16, keep their paths) in at
 // most LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES (default OUT_PROD_Q_MMA_MAX_TILES) 128 x 128 dst tiles, too few for the
 // GEMM path's cuBLAS call to fill the GPU; 0 never (the GEMM path); 2 every shape the kernel takes (tests).
-// Measured on an H100 (benchmarks/RESULTS.md), V*P of pp512's largest chunk, GEMM path against this kernel: MiMo's
-// full-attention layers at 64K 352 / 242 us (8 tiles), at 32K 268 / 389 (16 tiles), at 8K 177 / 335 (52 tiles); the 8B
-// shape at 32K 391 / 373 (16 tiles), at 8K 230 / 239 (48 tiles). pp512 at 64K (MiMo shape) 1,164-1,166 tok/s without
-// the kernel, 1,238-1,246 with it on the 8-tile chunks; at 8K 10 % slower with it on the 52-tile chunks too; the 8B
-// shape at 32K the same with and without it on its 16-tile chunks.
+// Measured (benchmarks/RESULTS.md), V*P of pp512's largest chunk, GEMM path against this kernel in its pipelined form,
+// on an H200: MiMo's full-attention layers at 64K 291 / 143 us (8 tiles), at 32K 223 / 231 (16 tiles), at 8K 148 / 211
+// (52 tiles); the 8B shape at 32K 341 / 228 (16 tiles), at 8K 211 / 182 (48 tiles). With the chunk's softmax taken in
+// (out_prod_q_softmax_cuda), pp512 on the MiMo shape at 64K 1,383-1,387 tok/s without the kernel, 2,414-2,425 with it;
+// at 32K 2,972-2,990 without, 3,476-3,484 with it at the bound 16 (the 16-tile chunks), the bound 8 leaving them out.
 #define OUT_PROD_Q_MMA_MIN_COLS  128
-#define OUT_PROD_Q_MMA_MAX_TILES 8
+#define OUT_PROD_Q_MMA_MAX_TILES 16
 static bool out_prod_q_use_mma(const ggml_tensor * dst) {
     static const int mode = [] {
         const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_MMA");
