@@ -182,7 +182,7 @@ attn2)
     python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-hip-proxy \
         --ctk q8_0 --ctv q4_1 --depths 0,32768 --modes off,prefill,on --reps 1 --out "$OUT" \
         --env LLAMA_VQ_CUDA_FUSED_ATTN=1 --env LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 --env LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
-        --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
+        --env LLAMA_VQ_CUDA_OUT_PROD_MMA=0 --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
     ;;
 ops)
     # every op of ours on CUDA0 against the CPU (benchmarks/mi210.sh step 2), the NVIDIA default and the HIP
@@ -238,7 +238,7 @@ hipsplit)
     python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-mimo.gguf" --label h200-mimo-split2-hip-proxy \
         --ctk q8_0 --ctv q4_1 --depths 0,65536 --modes off,unbounded,prefill,on --reps 1 --out "$OUT" \
         --env LLAMA_VQ_CUDA_FUSED_ATTN=1 --env LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 --env LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
-        --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
+        --env LLAMA_VQ_CUDA_OUT_PROD_MMA=0 --env GGML_CUDA_PDL=0 2>&1 | tee -a "$OUT/$PHASE.txt"
     ;;
 budget)
     # the scratch budget's trade: fewer, larger chunks against a larger compute buffer (target: <= 1.5x flash

@@ -33,7 +33,8 @@
 # Tried on an NVIDIA GPU with the HIP path's settings (issue 26 item 6), so that the first MI210 run does not fail on a
 # typo: PROXY=cuda BIN=<folder with llama-bench, test-backend-ops, llama-perplexity> bash benchmarks/mi210.sh OUT
 #   (no build; CUDA0 in place of ROCm0; LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 (the f32 V*P, HIP's
-#   form) LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 (HIP's only prefill branch) GGML_CUDA_PDL=0 (HIP has no PDL) exported;
+#   form) LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 (HIP's only prefill branch) LLAMA_VQ_CUDA_OUT_PROD_MMA=0 (HIP has no tensor-core
+#   V*P: mma.sync) GGML_CUDA_PDL=0 (HIP has no PDL) exported;
 #   FA_ON=0 unless the tools have FA kernels; the synthetic models' tokenizer from VOCAB; DEV (CUDA0); HIP_PATH=0 runs
 #   the same with the NVIDIA default's settings instead)
 set -u
@@ -54,9 +55,10 @@ if [ "${PROXY:-}" = cuda ]; then
     export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
     fa_on=${FA_ON:-0}
     if [ "${HIP_PATH:-1}" = 1 ]; then
-        export LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 GGML_CUDA_PDL=0
+        export LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
+            LLAMA_VQ_CUDA_OUT_PROD_MMA=0 GGML_CUDA_PDL=0
         log "PROXY=cuda: an NVIDIA GPU with the HIP path's settings, not a gfx90a result"
-        log "env: LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 GGML_CUDA_PDL=0"
+        log "env: LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=0 GGML_CUDA_PDL=0"
     else
         log "PROXY=cuda HIP_PATH=0: the NVIDIA default (fused attention with tensor-core V*P, TF32 GEMM, PDL)"
     fi
