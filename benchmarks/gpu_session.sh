@@ -40,6 +40,8 @@
 #                      tests (the fusion counted), vpmma4's V*P sweep, the split graph at 64K with the fusion on and off
 #   PHASE=vpmma6 ...   pp512 on the MiMo shape at 32K and 64K: GEMM path, kernel without and with the softmax, bound 16
 #   PHASE=vpmma7 ...   the kernel's tile bound (off, 8, 16, 64) at MiMo 32K/64K and 8B 8K/32K beside the unbounded graph
+#   PHASE=smf16 ...    the split's softmax as the F16 GEMM path's f16 P: op tests and pp512 (MiMo 8K/32K/64K) under the HIP
+#                      path's settings with it on and off, the unbounded graph; NVIDIA's TF32 against the F16 GEMM at 8K
 #   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
@@ -56,7 +58,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, rebuild, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, smf16, rebuild, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -415,6 +417,36 @@ vpmma7)
             --reps 1 "${envs[@]}" --out /tmp/vpmma7 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
     done
     ;;
+smf16)
+    # the split's softmax written as the F16 GEMM path's f16 P (k_out_prod_q_softmax_f16: HIP's V*P path, NVIDIA's under
+    # LLAMA_VQ_CUDA_FORCE_F16_GEMM): ATTN_SPLIT and OUT_PROD against the CPU under the HIP path's settings with the
+    # fusion on and off (counted); pp512 on the MiMo shape at 8K/32K/64K under those settings, fusion on and off, and the
+    # unbounded graph; then NVIDIA's default against the F16 GEMM with the fusion at 8K, where the chunks' V*P is a GEMM
+    built || { log "not built"; exit 1; }
+    hip=(LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=0
+        GGML_CUDA_PDL=0)
+    for svp in 1 0; do
+        for op in ATTN_SPLIT OUT_PROD; do
+            lg="$OUT/tbo-$op-hip-softmax_vp$svp.log"
+            env "${hip[@]}" LLAMA_VQ_CUDA_SOFTMAX_VP=$svp LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 150 "$bin/test-backend-ops" test \
+                -b CUDA0 -o $op > "$lg" 2>&1
+            log "$op (HIP settings, SOFTMAX_VP=$svp): rc $? $(grep -E 'tests passed|FAIL|softmax_vp=' "$lg" \
+                | sed 's/.*softmax_vp=/softmax_vp=/' | sort | uniq -c | head -4 | tr '\n' ' ')"
+        done
+    done
+    wait_model mimo
+    henv=()
+    for e in "${hip[@]}"; do henv+=(--env "$e"); done
+    for svp in 1 0 0 1; do
+        DEPTHS=8192,32768,65536 mimo_pp512 "mimo-smf16-hip-softmax_vp$svp" off /tmp/smf16 "${henv[@]}" \
+            --env LLAMA_VQ_CUDA_SOFTMAX_VP=$svp
+    done
+    DEPTHS=8192,32768,65536 mimo_pp512 "mimo-smf16-hip-unbounded" unbounded /tmp/smf16 "${henv[@]}"
+    for spec in LLAMA_VQ_CUDA_FORCE_F16_GEMM=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
+            LLAMA_VQ_CUDA_FORCE_F16_GEMM=0; do
+        DEPTHS=8192 mimo_pp512 "mimo-smf16-nv-${spec//[^A-Za-z0-9]/_}" off /tmp/smf16 --env "$spec"
+    done
+    ;;
 rebuild)
     # a warm machine's build after a change: the configure step runs the packed Python (use_python's libraries); the
     # carry's files are all new, so this recompiles what they feed (minutes for ggml-cuda)
@@ -453,6 +485,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, rebuild, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, smf16, rebuild, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

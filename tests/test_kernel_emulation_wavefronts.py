@@ -52,8 +52,12 @@ def test_short_row_kq_with_and_without_query_rotation_matches_float64(harness):
 
 
 def test_quantized_out_prod_vector_kernel_and_combine_match_float64(harness):
-    out = run_job(harness, "out_prod", 12)
+    out = run_job(harness, "out_prod", 16)
     assert " chunks=1 " in out and " cols=64 " in out, out
+    # the split's chunk softmax as the F16 GEMM path's f16 P (HIP's path; NVIDIA's with the F16 GEMM), both surfaces:
+    # sinks on and off, no mask, a row masked whole
+    assert out.count("OK   softmax_to_f16 ") == 4, out
+    assert " mask=0 " in out and " sinks=1 " in out and " empty_row=1: zeros=1 " in out, out
     # the tensor-core kernel (k_out_prod_q_mma) on NVIDIA's surface only: one segment and several, partial column tiles
     # and its softmax form (the split's chunk: the raw scores, mask, scale and sinks taken in): sinks on and off,
     # several segments and one, a partial column tile, d_v 256 and two streams

@@ -290,6 +290,82 @@ static bool out_prod_softmax_run(const ggml_type type, const out_prod_case & c, 
     return ok;
 }
 
+// k_out_prod_q_softmax_f16 (out_prod_q_softmax_gemm_cuda): the split's chunk softmax written as the f16 P of the F16 GEMM
+// path, on both surfaces. Raw scores [n_kv, ntok, n_head, n_stream] contiguous; an f16 mask [n_kv (rows ldm halves
+// apart), ntok, 1, n_stream] of 0, -inf (a causal edge, scattered holes and, with empty_row, one row masked whole) and
+// finite values, or none; a scale; optional sinks. Reference: the softmax as ggml's CPU computes it, in float64. NMSE
+// bound 1e-6 (P rounded to f16 once, 2^-11 relative); a masked cell's P, and every P of a row masked whole without a
+// sink, exactly 0.
+static bool softmax_f16_run(const int n_kv, const int ntok, const int n_head, const int n_stream, const bool with_mask,
+        const bool sinks, const bool empty_row, const int seed) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::uniform_int_distribution<int> hole(0, 9);
+    const int64_t nrows = (int64_t) ntok*n_head*n_stream;
+    std::vector<float> x((size_t) nrows*n_kv);
+    for (auto & v : x) v = nd(g);
+    const int ldm = (n_kv + 7)/4*4;
+    std::vector<half> mask((size_t) ldm*ntok*n_stream);
+    for (int s = 0; s < n_stream; ++s) for (int t = 0; t < ntok; ++t) for (int k = 0; k < ldm; ++k) {
+        const bool whole = empty_row && s == n_stream - 1 && t == ntok/2;
+        const bool masked = whole || k > n_kv - ntok + t || (k > 0 && hole(g) == 0);
+        mask[((size_t) s*ntok + t)*ldm + k] = half(masked ? -INFINITY : k % 7 == 3 ? -1.5f : 0.0f);
+    }
+    std::vector<float> sk(n_head);
+    for (auto & v : sk) v = nd(g);
+    const float scale = 0.0883883f;
+
+    out_prod_q_softmax_args sm;
+    sm.mask = with_mask ? mask.data() : nullptr;
+    sm.mnb1 = ldm;
+    sm.mnb2 = (int64_t) ldm*ntok;
+    sm.mnb3 = (int64_t) ldm*ntok;
+    sm.mne2 = 1;
+    sm.mne3 = n_stream;
+    sm.ns1  = ntok;
+    sm.ns2  = n_head;
+    sm.srow = n_kv;
+    sm.scale = scale;
+    sm.ml   = nullptr;
+    std::vector<half> p((size_t) nrows*n_kv, half(NAN));
+    launch(dim3((unsigned) nrows), dim3(OUT_PROD_Q_SOFTMAX_NT), 0, [&] {
+        k_out_prod_q_softmax_f16(x.data(), sinks ? sk.data() : nullptr, p.data(), n_kv, sm);
+    });
+
+    std::vector<double> ref((size_t) nrows*n_kv);
+    std::vector<float> got((size_t) nrows*n_kv);
+    bool zeros = true;
+    for (int64_t r = 0; r < nrows; ++r) {
+        const int t = (int) (r % ntok), h = (int) ((r/ntok) % n_head), s = (int) (r/((int64_t) ntok*n_head));
+        const half * mr = mask.data() + ((size_t) s*ntok + t)*ldm;
+        double mx = sinks ? (double) sk[h] : -INFINITY;
+        for (int k = 0; k < n_kv; ++k) {
+            const double v = (double) x[r*n_kv + k]*scale + (with_mask ? (double) (float) mr[k] : 0.0);
+            ref[r*n_kv + k] = v;
+            mx = std::max(mx, v);
+        }
+        double sum = sinks ? std::exp((double) sk[h] - mx) : 0.0;
+        for (int k = 0; k < n_kv; ++k) {
+            ref[r*n_kv + k] = mx == -INFINITY ? 0.0 : std::exp(ref[r*n_kv + k] - mx);
+            sum += ref[r*n_kv + k];
+        }
+        for (int k = 0; k < n_kv; ++k) {
+            ref[r*n_kv + k] = sum > 0 ? ref[r*n_kv + k]/sum : 0.0;
+            got[r*n_kv + k] = (float) p[r*n_kv + k];
+            if ((ref[r*n_kv + k] == 0.0 || (with_mask && (float) mr[k] == -INFINITY)) && got[r*n_kv + k] != 0.0f) {
+                zeros = false;
+            }
+        }
+    }
+    bool finite;
+    const double e = nmse(ref, got.data(), got.size(), &finite);
+    const bool ok = finite && zeros && e < 1e-6;
+    printf("%s softmax_to_f16 n_kv=%d rows=%lld (ntok %d x heads %d x streams %d) mask=%d sinks=%d empty_row=%d: zeros=%d nmse=%.3g\n",
+           ok ? "OK  " : "FAIL", n_kv, (long long) nrows, ntok, n_head, n_stream, (int) with_mask, (int) sinks,
+           (int) empty_row, (int) zeros, e);
+    return ok;
+}
+
 static bool run_out_prod() {
     bool all = true;
     const int seed = 200;
@@ -306,6 +382,12 @@ static bool run_out_prod() {
     EMU_CASE(out_prod_run<GGML_TYPE_Q4_1,   1>({192,  250,  4, 4,  1, 1, 104}, seed + g_emu_case)); // 24 threads per row
     EMU_CASE(out_prod_run<GGML_TYPE_Q8_0,   2>({512,  130,  4, 2,  1, 1, 104}, seed + g_emu_case));
     EMU_CASE(out_prod_run<GGML_TYPE_Q4_0,   4>({1024,  65,  4, 1,  1, 1, 104}, seed + g_emu_case)); // 128 threads per row
+    // the split's chunk softmax as the F16 GEMM path's f16 P (k_out_prod_q_softmax_f16), both surfaces: MiMo's chunk at
+    // GQA 16 with sinks, rows shorter than the block, two streams with a row masked whole, no mask, both without sinks
+    EMU_CASE(softmax_f16_run(3001, 16,  8, 1, true,  true,  false, seed + g_emu_case));
+    EMU_CASE(softmax_f16_run( 100,  5,  3, 1, true,  true,  false, seed + g_emu_case));
+    EMU_CASE(softmax_f16_run( 777,  9,  4, 2, true,  false, true,  seed + g_emu_case));
+    EMU_CASE(softmax_f16_run( 513,  4,  2, 1, false, false, false, seed + g_emu_case));
 #if defined(OUT_PROD_Q_MMA_CODE)
     // the tensor-core kernel (NVIDIA only: the HIP surface has no mma.sync): the split attention's chunk at GQA 16
     // (cols 256, k segments), a partial column tile and a k tail, two row blocks of d_v and two streams, one segment

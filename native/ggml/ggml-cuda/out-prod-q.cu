@@ -178,6 +178,73 @@ static __global__ void __launch_bounds__(32*OUT_PROD_Q_COMBINE_LANES) k_out_prod
 // the tensor-core V*P for the split attention's chunks (k_out_prod_q_mma, out_prod_q_mma_chunk_rows)
 #include "out-prod-q-mma.cuh"
 
+// The split attention's chunk, SOFT_MAX -> [RESHAPE ->] TRANSPOSE -> OUT_PROD(V, .), where V*P takes the GEMM path with
+// an F16 GEMM (HIP's; NVIDIA's under LLAMA_VQ_CUDA_FORCE_F16_GEMM): each row of raw scores x becomes the f16 P that GEMM
+// reads, softmax(x*scale + mask) with the sink in the sum (out_prod_q_softmax_args; sm.ml unused), where the softmax's
+// output would have been, in two passes over x (an online max and sum, then the normalized exps) instead of the
+// softmax's three and P's conversion. A row with every cell masked and no sink becomes 0s. One block per row; a
+// block-wide tree in shared memory and no warp shuffles, so one form for 32-lane warps and 64-lane wavefronts.
+#define OUT_PROD_Q_SOFTMAX_NT 256
+
+// (m, s) and (m2, s2), each a running max and the sum of exp(x - max) under it, as one pair
+static __device__ __forceinline__ void out_prod_q_softmax_merge(float & m, float & s, const float m2, const float s2) {
+    const float mn = fmaxf(m, m2);
+    if (mn == -INFINITY) {
+        return;
+    }
+    s = s*expf(m - mn) + s2*expf(m2 - mn);
+    m = mn;
+}
+
+static __global__ void __launch_bounds__(OUT_PROD_Q_SOFTMAX_NT) k_out_prod_q_softmax_f16(
+        const float * __restrict__ x, const float * __restrict__ sinks, half * __restrict__ p, const int ncells,
+        const out_prod_q_softmax_args sm) {
+    __shared__ float red[2][OUT_PROD_Q_SOFTMAX_NT];
+
+    const int64_t row = blockIdx.x;
+    const int r1 = (int) (row % sm.ns1);
+    const int r2 = (int) ((row/sm.ns1) % sm.ns2);
+    const int r3 = (int) (row/((int64_t) sm.ns1*sm.ns2));
+    const float * xr = x + row*sm.srow;
+    const half  * mr = sm.mask ? sm.mask + r1*sm.mnb1 + (r2 % sm.mne2)*sm.mnb2 + (r3 % sm.mne3)*sm.mnb3 : nullptr;
+    half        * pr = p + row*sm.srow;
+
+    float m = -INFINITY;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < ncells; c += OUT_PROD_Q_SOFTMAX_NT) {
+        const float v = xr[c]*sm.scale + (mr ? __half2float(mr[c]) : 0.0f);
+        if (v > m) {
+            s = s*expf(m - v) + 1.0f;
+            m = v;
+        } else if (v != -INFINITY) {
+            s += expf(v - m);
+        }
+    }
+    red[0][threadIdx.x] = m;
+    red[1][threadIdx.x] = s;
+    __syncthreads();
+    for (int h = OUT_PROD_Q_SOFTMAX_NT/2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) {
+            m = red[0][threadIdx.x];
+            s = red[1][threadIdx.x];
+            out_prod_q_softmax_merge(m, s, red[0][threadIdx.x + h], red[1][threadIdx.x + h]);
+            red[0][threadIdx.x] = m;
+            red[1][threadIdx.x] = s;
+        }
+        __syncthreads();
+    }
+    float M = red[0][0];
+    float S = red[1][0];
+    if (sinks != nullptr) {
+        out_prod_q_softmax_merge(M, S, sinks[r2], 1.0f);
+    }
+    const float inv = M == -INFINITY ? 0.0f : 1.0f/S;
+    for (int c = threadIdx.x; c < ncells; c += OUT_PROD_Q_SOFTMAX_NT) {
+        const float v = xr[c]*sm.scale + (mr ? __half2float(mr[c]) : 0.0f);
+        pr[c] = __float2half(M == -INFINITY ? 0.0f : expf(v - M)*inv);
+    }
+}
+
 static void out_prod_q_combine_cuda(const float * tmp, float * dst, const int64_t ne, const int nchunks, cudaStream_t stream) {
     k_out_prod_q_combine<<<(ne + 31)/32, 32*OUT_PROD_Q_COMBINE_LANES, 0, stream>>>(tmp, dst, ne, nchunks);
     CUDA_CHECK(cudaGetLastError());
@@ -328,13 +395,30 @@ static void out_prod_q_mma_cuda(ggml_backend_cuda_context & ctx, ggml_tensor * d
     }
 }
 
+// the softmax's mask, its rows' layout and its scale as the fused kernels read them (sm.ml left to the caller)
+static out_prod_q_softmax_args out_prod_q_softmax_args_for(const ggml_tensor * softmax) {
+    const ggml_tensor * mask = softmax->src[1];
+    out_prod_q_softmax_args sm;
+    sm.mask  = mask ? (const half *) mask->data : nullptr;
+    sm.mnb1  = mask ? mask->nb[1]/sizeof(half) : 0;
+    sm.mnb2  = mask ? mask->nb[2]/sizeof(half) : 0;
+    sm.mnb3  = mask ? mask->nb[3]/sizeof(half) : 0;
+    sm.mne2  = mask ? (int) mask->ne[2] : 1;
+    sm.mne3  = mask ? (int) mask->ne[3] : 1;
+    sm.ns1   = (int) softmax->ne[1];
+    sm.ns2   = (int) softmax->ne[2];
+    sm.srow  = (int) (softmax->nb[1]/sizeof(float));
+    memcpy(&sm.scale, (const float *) softmax->op_params + 0, sizeof(float));
+    sm.ml    = nullptr;
+    return sm;
+}
+
 // SOFT_MAX -> [RESHAPE ->] TRANSPOSE -> OUT_PROD(V, .) as one pass over the raw scores: k_out_prod_q_mma<type, true>
 // (out_prod_q_softmax_args) over the segments out_prod_q_mma_cuda would plan, then k_out_prod_q_softmax_combine
 template <ggml_type type>
 static void out_prod_q_softmax_cuda(ggml_backend_cuda_context & ctx, const ggml_tensor * softmax, ggml_tensor * dst) {
     const ggml_tensor * src0  = dst->src[0];
     const ggml_tensor * src1  = dst->src[1];
-    const ggml_tensor * mask  = softmax->src[1];
     const ggml_tensor * sinks = softmax->src[2];
 
     GGML_TENSOR_BINARY_OP_LOCALS
@@ -348,18 +432,8 @@ static void out_prod_q_softmax_cuda(ggml_backend_cuda_context & ctx, const ggml_
 
     ggml_cuda_pool_alloc<float> tmp(ctx.pool(), nseg*ne + 2*nseg*ncols_all);
 
-    out_prod_q_softmax_args sm;
-    sm.mask  = mask ? (const half *) mask->data : nullptr;
-    sm.mnb1  = mask ? mask->nb[1]/sizeof(half) : 0;
-    sm.mnb2  = mask ? mask->nb[2]/sizeof(half) : 0;
-    sm.mnb3  = mask ? mask->nb[3]/sizeof(half) : 0;
-    sm.mne2  = mask ? (int) mask->ne[2] : 1;
-    sm.mne3  = mask ? (int) mask->ne[3] : 1;
-    sm.ns1   = (int) softmax->ne[1];
-    sm.ns2   = (int) softmax->ne[2];
-    sm.srow  = (int) (softmax->nb[1]/sizeof(float));
-    memcpy(&sm.scale, (const float *) softmax->op_params + 0, sizeof(float));
-    sm.ml    = tmp.get() + nseg*ne;
+    out_prod_q_softmax_args sm = out_prod_q_softmax_args_for(softmax);
+    sm.ml = tmp.get() + nseg*ne;
 
     // the raw scores, at the offsets of the softmax's output that src1 views
     const float * scores = (const float *) softmax->src[0]->data;
@@ -407,8 +481,9 @@ static int64_t out_prod_q_gemm_splits(const int64_t m, const int64_t n, const in
     return std::max<int64_t>(1, std::min({want, k/OUT_PROD_Q_SPLIT_K_MIN, (int64_t) OUT_PROD_Q_SPLIT_K_MAX}));
 }
 
+// src1_ready: src1 already as T, k fastest, laid out as a k-contiguous src1 (out_prod_q_softmax_gemm_cuda's P), or nullptr
 template <typename T>
-static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const T * src1_ready = nullptr) {
     const ggml_tensor * src0 = dst->src[0];
     const ggml_tensor * src1 = dst->src[1];
 
@@ -436,7 +511,10 @@ static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) 
 
     const T * src1_t_ptr = nullptr;
     ggml_cuda_pool_alloc<T> src1_t(ctx.pool());
-    if (std::is_same_v<T, float> && src1_k_contiguous) {
+    if (src1_ready != nullptr) {
+        GGML_ASSERT(src1_k_contiguous);
+        src1_t_ptr = src1_ready;
+    } else if (std::is_same_v<T, float> && src1_k_contiguous) {
         src1_t_ptr = (const T *) src1->data;
     } else if (std::is_same_v<T, half> && src1_k_contiguous) {
         src1_t.alloc(ggml_nelements(src1));
@@ -485,6 +563,21 @@ static void out_prod_q_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) 
         }
     }
     out_prod_q_combine_cuda(part.get(), (float *) dst->data, ne, (int) nseg, stream);
+}
+
+// SOFT_MAX -> [RESHAPE ->] TRANSPOSE -> OUT_PROD(V, .) where V*P takes the F16 GEMM path: k_out_prod_q_softmax_f16 writes
+// P as f16 into a buffer laid out as the softmax's output, which the GEMM reads in place of P's conversion
+static void out_prod_q_softmax_gemm_cuda(ggml_backend_cuda_context & ctx, const ggml_tensor * softmax, ggml_tensor * dst) {
+    const ggml_tensor * sinks = softmax->src[2];
+    const out_prod_q_softmax_args sm = out_prod_q_softmax_args_for(softmax);
+    const int64_t nrows = ggml_nrows(softmax);
+    GGML_ASSERT(nrows <= INT_MAX && softmax->ne[0] <= INT_MAX);
+    ggml_cuda_pool_alloc<half> p(ctx.pool(), ggml_nelements(softmax));
+    k_out_prod_q_softmax_f16<<<(unsigned) nrows, OUT_PROD_Q_SOFTMAX_NT, 0, ctx.stream()>>>(
+        (const float *) softmax->src[0]->data, sinks ? (const float *) sinks->data : nullptr, p.get(),
+        (int) softmax->ne[0], sm);
+    CUDA_CHECK(cudaGetLastError());
+    out_prod_q_gemm<half>(ctx, dst, p.get());
 }
 
 template <ggml_type type>
@@ -616,8 +709,9 @@ void ggml_cuda_out_prod_q(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
 }
 
-// LLAMA_VQ_CUDA_SOFTMAX_VP: unset or 1 (the default) takes the softmax into the tensor-core V*P wherever that kernel
-// takes the V*P (out_prod_q_use_mma) and the chain allows it; 0 never
+// LLAMA_VQ_CUDA_SOFTMAX_VP: unset or 1 (the default) takes the softmax into the V*P where the chain allows it: into the
+// tensor-core V*P wherever that kernel takes the V*P (out_prod_q_use_mma), and into P's conversion to f16 where V*P takes
+// the F16 GEMM path (k_out_prod_q_softmax_f16); 0 never
 bool ggml_cuda_out_prod_q_softmax_supported(const ggml_tensor * softmax, const ggml_tensor * kqv) {
     static const bool enabled = [] {
         const char * env = getenv("LLAMA_VQ_CUDA_SOFTMAX_VP");
@@ -658,11 +752,23 @@ bool ggml_cuda_out_prod_q_softmax_supported(const ggml_tensor * softmax, const g
             pt->nb[3] % row != 0 || softmax->ne[0] != v->ne[1] || row/sizeof(float) > INT_MAX) {
         return false;
     }
-    return out_prod_q_use_mma(kqv);
+    if (out_prod_q_use_mma(kqv)) {
+        return true;
+    }
+    // the F16 GEMM path, P whole and k-contiguous as that path reads it (src1_k_contiguous of out_prod_q_gemm)
+    const int cc = ggml_cuda_info().devices[ggml_cuda_get_device()].cc;
+    const bool k_contiguous = pt->nb[0] == (size_t) pt->ne[1]*pt->nb[1] && pt->nb[2] == (size_t) pt->ne[0]*pt->nb[0] &&
+        pt->nb[3] == (size_t) pt->ne[2]*pt->nb[2];
+    return ggml_cuda_out_prod_q_uses_gemm(kqv) && !dequantize_x8_gemm_use_f32(cc) && k_contiguous &&
+        ggml_nelements(pt) == ggml_nelements(softmax) && ggml_nrows(softmax) <= INT_MAX;
 }
 
 void ggml_cuda_out_prod_q_softmax(ggml_backend_cuda_context & ctx, const ggml_tensor * softmax, ggml_tensor * kqv) {
     GGML_ASSERT(ggml_cuda_out_prod_q_softmax_supported(softmax, kqv));
+    if (!out_prod_q_use_mma(kqv)) {
+        out_prod_q_softmax_gemm_cuda(ctx, softmax, kqv);
+        return;
+    }
     switch (kqv->src[0]->type) {
         case GGML_TYPE_Q4_0:   out_prod_q_softmax_cuda<GGML_TYPE_Q4_0>  (ctx, softmax, kqv); break;
         case GGML_TYPE_Q4_1:   out_prod_q_softmax_cuda<GGML_TYPE_Q4_1>  (ctx, softmax, kqv); break;
