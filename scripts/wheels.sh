@@ -14,6 +14,9 @@
 #                                #   backend (LLAMA_VQ_BACKEND_DL=ON scripts/build.sh wheel, as CI's gfx90a build and
 #                                #   the ROCm image make it), the backend's module as its own wheel, auditwheel-repaired
 #
+# LLAMA_VQ_PATCHED_SRC: build from that exported patched tree (tools/patches.py export, benchmarks/carry.py) instead of
+# fetching the pinned source, for a machine without a package index; vendor/llama_cpp_python must be there.
+#
 # `pip install "llama-vq[hip]" --find-links DIR` then installs the base wheel and the HIP one, no compiler needed.
 # Each kind builds in its own directory (build/wheel-<kind>, ccache shared with every other build) and never
 # installs into the checkout. Python: $PYTHON (default python3). Cores: $CMAKE_BUILD_PARALLEL_LEVEL.
@@ -37,7 +40,14 @@ fi
 PATH="$("$py" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
 raw=build/wheel-$kind/raw
 rm -rf "$raw" && mkdir -p "$raw"
-[ -n "$full" ] || "$py" tools/vendor.py fetch
+patched=(-C "cmake.define.LLAMA_VQ_PATCHED_SRC=")  # empty: clears what an earlier build left in the build folder's cache
+if [ -n "${LLAMA_VQ_PATCHED_SRC:-}" ]; then
+    [ -f vendor/llama_cpp_python/llama_cpp/llama_cpp.py ] || {
+        echo "wheels.sh: LLAMA_VQ_PATCHED_SRC needs vendor/llama_cpp_python (the bindings the wheel ships)" >&2; exit 1; }
+    patched=(-C "cmake.define.LLAMA_VQ_PATCHED_SRC=$(cd "$LLAMA_VQ_PATCHED_SRC" && pwd)")
+elif [ -z "$full" ]; then
+    "$py" tools/vendor.py fetch
+fi
 
 build_wheel() {  # $1: backend; the rest: extra -C settings
     local backend=$1
@@ -45,7 +55,7 @@ build_wheel() {  # $1: backend; the rest: extra -C settings
     LLAMA_VQ_BACKEND=$backend LLAMA_VQ_BACKEND_DL=ON LLAMA_VQ_BUILD_TOOLS=OFF \
         "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$raw" \
         -C build-dir="build/wheel-$kind/{wheel_tag}" \
-        -C cmake.define.LLAMA_VQ_INSTALL_INPLACE=OFF "$@" .
+        -C cmake.define.LLAMA_VQ_INSTALL_INPLACE=OFF "${patched[@]}" "$@" .
 }
 
 if [ -n "$full" ]; then

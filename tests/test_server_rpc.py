@@ -243,13 +243,20 @@ def test_a_remote_host_cut_off_without_a_word_fails_the_request_within_the_dead_
 ):
     if remote_host.how != "netns":
         skip_platform_limit("cutting a host's link needs a network namespace (root, iproute2), unavailable here")
-    dead_peer_s = (
-        30  # 0019-rpc-lost-server-fails-its-graphs's TCP_USER_TIMEOUT (and keepalive: 10 s idle + 4 probes 5 s apart)
-    )
+    # 0019-rpc-lost-server-fails-its-graphs's TCP_USER_TIMEOUT, and keepalive after a third of it idle + 4 probes a
+    # sixth apart: LLAMA_VQ_RPC_DEAD_PEER_S, 30 s by default, 6 here so that the wait costs the suite 6 s
+    dead_peer_s = 6
     with rpc_server(remote_host, rpc_server_bin, tmp_path) as _:
         endpoint = f"{remote_host.address}:{RPC_PORT}"
         with running(
-            smollm2_path, *FLAGS, "--rpc", endpoint, "-ngl", REMOTE_LAYERS, log_dir=tmp_path / "remote"
+            smollm2_path,
+            *FLAGS,
+            "--rpc",
+            endpoint,
+            "-ngl",
+            REMOTE_LAYERS,
+            log_dir=tmp_path / "remote",
+            env={"LLAMA_VQ_RPC_DEAD_PEER_S": str(dead_peer_s)},
         ) as srv:
             lines: list[str] = []
             body = {
