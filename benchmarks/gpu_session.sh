@@ -42,9 +42,6 @@
 #   PHASE=vpmma7 ...   the kernel's tile bound (off, 8, 16, 64) at MiMo 32K/64K and 8B 8K/32K beside the unbounded graph
 #   PHASE=smf16 ...    the split's softmax as the F16 GEMM path's f16 P: op tests and pp512 (MiMo 8K/32K/64K) under the HIP
 #                      path's settings with it on and off, the unbounded graph; NVIDIA's TF32 against the F16 GEMM at 8K
-#   PHASE=wheels ...   issue 32: the base wheel and the CUDA wheel (sm_90) built here by scripts/wheels.sh, pip offline
-#                      (carry .bench-carry, .wheelhouse of benchmarks/wheelhouse.py, vendor/llama_cpp_python)
-#   PHASE=wheeltest .. those wheels installed as users install them, then llama_vq.Llama and llama-vq-server on the GPU
 #   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
@@ -61,7 +58,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CARRY=${CARRY:-$here/.bench-carry}
 PYPACK=${PYPACK:-$here/.bench-py.tar.xz}
 : "${OUT:?set OUT to the results folder}"
-: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, smf16, wheels, wheeltest, rebuild, matrix, serve or split}"
+: "${PHASE:?set PHASE to build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, smf16, rebuild, matrix, serve or split}"
 C=$CARRY
 [ "$PHASE" != split ] || export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 . "$here/benchmarks/device_common.sh"
@@ -450,69 +447,6 @@ smf16)
         DEPTHS=8192 mimo_pp512 "mimo-smf16-nv-${spec//[^A-Za-z0-9]/_}" off /tmp/smf16 --env "$spec"
     done
     ;;
-wheels)
-    # issue 32: the prebuilt wheels on a GPU. The base wheel and the CUDA one (sm_90) built here by scripts/wheels.sh from
-    # the carried patched tree, pip offline on the carried wheelhouse (benchmarks/wheelhouse.py; carry .bench-carry,
-    # .wheelhouse and vendor/llama_cpp_python), with the machine's Python (WHEEL_PY, default python3); in the background,
-    # waited for up to WAIT s (default 540); WHEEL_KINDS (default "cpu cuda"). PHASE=wheeltest installs and runs them.
-    WPY=${WHEEL_PY:-python3}
-    WH=${WHEELHOUSE:-$here/.wheelhouse}
-    if [ ! -d "$WH" ] || [ ! -f "$here/vendor/llama_cpp_python/llama_cpp/llama_cpp.py" ]; then
-        log "carry .wheelhouse and vendor/llama_cpp_python"; exit 1
-    fi
-    gen llama-tiny llama --preset tiny
-    mkdir -p /tmp/dist
-    if [ ! -f /tmp/dist/.done ] && ! pgrep -f "scripts/wheels.sh" > /dev/null; then
-        rm -f /tmp/dist/.failed
-        setsid bash -c "cd '$here' && export PIP_NO_INDEX=1 PIP_FIND_LINKS='$WH' \
-            LLAMA_VQ_PATCHED_SRC='$C/llama.cpp' CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_CUDA_ARCHITECTURES=90 \
-            PYTHON='$WPY'; ok=1; for k in ${WHEEL_KINDS:-cpu cuda}; do
-            bash scripts/wheels.sh \$k /tmp/dist > /tmp/wheel-\$k.log 2>&1 || { ok=0; break; }; done
-            [ \$ok = 1 ] && touch /tmp/dist/.done || touch /tmp/dist/.failed" < /dev/null > /dev/null 2>&1 &
-    fi
-    while [ ! -f /tmp/dist/.done ] && [ ! -f /tmp/dist/.failed ] && ! late "${WAIT:-540}"; do sleep 5; done
-    for k in cpu cuda; do [ -f /tmp/wheel-$k.log ] && tail -c 3000 /tmp/wheel-$k.log > "$OUT/wheel-$k.log"; done
-    log "wheels: $(ls /tmp/dist 2>/dev/null | tr '\n' ' ')$([ -f /tmp/dist/.failed ] && echo FAILED)"
-    ;;
-wheeltest)
-    # the wheels PHASE=wheels built, as a user installs them: `pip install "llama-vq[cuda]" --find-links` (offline, the
-    # wheelhouse for the dependencies) into the machine's Python; then, outside the checkout, which backend modules
-    # loaded, a model on the GPU through llama_vq.Llama (f16 and q4_0 V without flash attention), and llama-vq-server
-    # from the installed wheel answering a chat with every layer on the GPU
-    WPY=${WHEEL_PY:-python3}
-    WH=${WHEELHOUSE:-$here/.wheelhouse}
-    [ -f /tmp/dist/.done ] || { log "no wheels (PHASE=wheels)"; exit 1; }
-    wait_model llama-tiny
-    spec="llama-vq${WHEEL_EXTRA-[cuda]}"  # WHEEL_EXTRA= (empty): the base wheel alone
-    PIP_NO_INDEX=1 "$WPY" -m pip install --find-links /tmp/dist --find-links "$WH" "$spec" \
-        > "$OUT/wheeltest-pip.log" 2>&1
-    log "pip install $spec: rc $? $(grep -E '^Successfully installed' "$OUT/wheeltest-pip.log" | tr -s ' ' | cut -c1-300)"
-    mkdir -p /tmp/away && cd /tmp/away || exit 1
-    env -u PYTHONPATH "$WPY" - "$M/synth-llama-tiny.gguf" > "$OUT/wheeltest-llama.log" 2>&1 <<'PY'
-import sys
-import llama_vq
-from llama_vq import Llama, _backends
-
-print("llama_vq from", llama_vq.__file__)
-st = _backends.load()
-print("modules:", st.modules, "notes:", llama_vq.build_info().backend_notes)
-for tv in ("f16", "q4_0"):
-    llm = Llama(sys.argv[1], n_gpu_layers=99, n_ctx=512, type_k=tv, type_v=tv, flash_attn=False, verbose=True)
-    out = llm.create_completion("Once upon a time", max_tokens=8, temperature=0)
-    print(f"completion (type_v={tv}):", repr(out["choices"][0]["text"]), out["usage"])
-    del llm
-PY
-    log "llama_vq.Llama: rc $? $(grep -E '^modules:|^completion|offloaded' "$OUT/wheeltest-llama.log" | tr '\n' ' ' | cut -c1-600)"
-    srvbin=$(env -u PYTHONPATH "$WPY" -c 'import shutil, sys, os; print(os.path.join(os.path.dirname(sys.executable), "llama-vq-server"))')
-    env -u PYTHONPATH "$srvbin" --model "$M/synth-llama-tiny.gguf" -ngl 99 -ctk q4_0 -ctv q4_0 -fa off --port 8391 \
-        > "$OUT/wheeltest-server.log" 2>&1 &
-    spid=$!
-    for _ in $(seq 120); do curl -sf http://127.0.0.1:8391/health > /dev/null && break; sleep 1; done
-    curl -s http://127.0.0.1:8391/v1/chat/completions -H 'Content-Type: application/json' \
-        -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8}' > "$OUT/wheeltest-chat.json"
-    log "llama-vq-server chat: $(head -c 400 "$OUT/wheeltest-chat.json"); $(grep -E 'CUDA0|offloaded|KV cache' "$OUT/wheeltest-server.log" | head -4 | tr '\n' ' ' | cut -c1-500)"
-    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
-    ;;
 rebuild)
     # a warm machine's build after a change: the configure step runs the packed Python (use_python's libraries); the
     # carry's files are all new, so this recompiles what they feed (minutes for ggml-cuda)
@@ -551,6 +485,6 @@ split)
         | tail -60 | tee -a "$OUT/$PHASE.txt"
     ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, smf16, wheels, wheeltest, rebuild, matrix, serve, split)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, attn1, attn2, attn3, attn4, hipsplit, ops, budget, splitk, vonce1, vonce2, vpmma1, vpmma2, vpmma3, vpmma4, vpmma5, vpmma6, vpmma7, smf16, rebuild, matrix, serve, split)" >&2; exit 2 ;;
 esac
 log "done"

