@@ -39,8 +39,8 @@
 #   PHASE=vpmma5 ...   a changed form of the kernel (pipelined loads, the softmax taken in): OUT_PROD and ATTN_SPLIT op
 #                      tests (the fusion counted), vpmma4's V*P sweep, the split graph at 64K with the fusion on and off
 #   PHASE=vpmma6 ...   pp512 on the MiMo shape at 32K and 64K: GEMM path, kernel without and with the softmax, bound 16
-#   PHASE=vpmma7 ...   the kernel's tile bound (off, 8, 16, 64) at MiMo 32K/64K and 8B 8K/32K beside the unbounded graph
-#   PHASE=smf16 ...    the split's softmax as the F16 GEMM path's f16 P: op tests and pp512 (MiMo 8K/32K/64K) under the HIP
+#   PHASE=vpmma7 ...   the kernel's rule (default, bound 64, off) at MiMo 32K/64K and 8B 8K/32K beside the unbounded graph
+#   PHASE=smf16 ...    the split's softmax as the F16 GEMM path's f16 P: op tests and pp512 (MiMo 32K/64K) under the HIP
 #                      path's settings with it on and off, the unbounded graph; NVIDIA's TF32 against the F16 GEMM at 8K
 #   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
@@ -68,11 +68,15 @@ bin=$B/bin
 device_log "$PHASE" "$OUT/$PHASE.txt"
 
 # the checkout's llama_vq with the libraries built here, under the packed Python (numpy, llama_cpp, the server)
+# (not carried: the machine's python3, enough for the CMake configure and the benchmarks, not for the server)
 use_python() {
+    export PYTHONPATH=$here
+    if [ ! -x /tmp/py/bin/python3 ] && [ ! -f "$PYPACK" ]; then
+        PY=$(command -v python3); log "no $PYPACK: the machine's $PY (the server's packages missing)"; return
+    fi
     [ -x /tmp/py/bin/python3 ] || tar xJf "$PYPACK" -C /tmp || exit 1
     PY=/tmp/py/bin/python3
     export LD_LIBRARY_PATH=/tmp/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    export PYTHONPATH=$here
 }
 
 built() { [ -f "$B/.done" ]; }
@@ -396,31 +400,32 @@ vpmma6)
     done
     ;;
 vpmma7)
-    # the tensor-core V*P's tile bound after its pipelined form: pp512 on the MiMo shape (q8_0 / q4_1) at 32K/64K and
-    # the 8B shape (q4_0 / q4_0) at 8K/32K with the kernel off, by default (bound 8) and at bounds 16 and 64, beside
-    # the unbounded graph
+    # the tensor-core V*P's rule after its pipelined form, beside the unbounded graph in the same invocations (modes
+    # interleaved per depth): pp512 on the MiMo shape (q8_0 / q4_1) at 32K/64K, the default (bound 16) and unbounded,
+    # the kernel off, then unbounded and the default again in reverse order; the 8B shape (q4_0 / q4_0) at 8K/32K, the
+    # default and unbounded, the bound 64 (the kernel also at 8K's 48 tiles) and the kernel off
     built || { log "not built"; exit 1; }
     gen llama8b llama --preset llama-3.1-8b
     wait_model mimo
-    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=8 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 \
-            LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64; do
-        DEPTHS=32768,65536 mimo_pp512 "mimo-vpmma7-${spec//[^A-Za-z0-9]/_}" off /tmp/vpmma7 --env "$spec"
-    done
-    DEPTHS=32768,65536 mimo_pp512 "mimo-vpmma7-unbounded" unbounded /tmp/vpmma7
+    DEPTHS=32768,65536 mimo_pp512 mimo-vpmma7-default-a off,unbounded /tmp/vpmma7
+    DEPTHS=32768,65536 mimo_pp512 mimo-vpmma7-mma0 off /tmp/vpmma7 --env LLAMA_VQ_CUDA_OUT_PROD_MMA=0
+    DEPTHS=32768,65536 mimo_pp512 mimo-vpmma7-default-b unbounded,off /tmp/vpmma7
     wait_model llama8b
-    for spec in LLAMA_VQ_CUDA_OUT_PROD_MMA=0 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=16 LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64 \
-            unbounded; do
-        mode=off envs=(--env "$spec")
-        [ "$spec" = unbounded ] && mode=unbounded envs=()
-        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-llama8b.gguf" \
-            --label "l8b-vpmma7-${spec//[^A-Za-z0-9]/_}" --ctk q4_0 --ctv q4_0 --depths 8192,32768 --modes $mode --tg 0 \
-            --reps 1 "${envs[@]}" --out /tmp/vpmma7 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
+    for run in "default off,unbounded" "tiles64 off LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES=64" \
+            "mma0 off LLAMA_VQ_CUDA_OUT_PROD_MMA=0"; do
+        read -r name modes spec <<< "$run"
+        envs=()
+        [ -n "${spec:-}" ] && envs=(--env "$spec")
+        python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$M/synth-llama8b.gguf" --label "l8b-vpmma7-$name" \
+            --ctk q4_0 --ctv q4_0 --depths 8192,32768 --modes "$modes" --tg 0 --reps 1 ${envs[@]+"${envs[@]}"} \
+            --out /tmp/vpmma7 2>&1 | grep "attn-modes\]" | tee -a "$OUT/$PHASE.txt"
     done
+    cp /tmp/vpmma7/*.md "$OUT/" 2>/dev/null
     ;;
 smf16)
     # the split's softmax written as the F16 GEMM path's f16 P (k_out_prod_q_softmax_f16: HIP's V*P path, NVIDIA's under
     # LLAMA_VQ_CUDA_FORCE_F16_GEMM): ATTN_SPLIT and OUT_PROD against the CPU under the HIP path's settings with the
-    # fusion on and off (counted); pp512 on the MiMo shape at 8K/32K/64K under those settings, fusion on and off, and the
+    # fusion on and off (counted); pp512 on the MiMo shape at 32K/64K under those settings, fusion on, off, on, and the
     # unbounded graph; then NVIDIA's default against the F16 GEMM with the fusion at 8K, where the chunks' V*P is a GEMM
     built || { log "not built"; exit 1; }
     hip=(LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=0
@@ -437,11 +442,11 @@ smf16)
     wait_model mimo
     henv=()
     for e in "${hip[@]}"; do henv+=(--env "$e"); done
-    for svp in 1 0 0 1; do
-        DEPTHS=8192,32768,65536 mimo_pp512 "mimo-smf16-hip-softmax_vp$svp" off /tmp/smf16 "${henv[@]}" \
+    for svp in 1 0 1; do
+        DEPTHS=32768,65536 mimo_pp512 "mimo-smf16-hip-softmax_vp$svp" off /tmp/smf16 "${henv[@]}" \
             --env LLAMA_VQ_CUDA_SOFTMAX_VP=$svp
     done
-    DEPTHS=8192,32768,65536 mimo_pp512 "mimo-smf16-hip-unbounded" unbounded /tmp/smf16 "${henv[@]}"
+    DEPTHS=32768,65536 mimo_pp512 "mimo-smf16-hip-unbounded" unbounded /tmp/smf16 "${henv[@]}"
     for spec in LLAMA_VQ_CUDA_FORCE_F16_GEMM=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
             LLAMA_VQ_CUDA_FORCE_F16_GEMM=0; do
         DEPTHS=8192 mimo_pp512 "mimo-smf16-nv-${spec//[^A-Za-z0-9]/_}" off /tmp/smf16 --env "$spec"
