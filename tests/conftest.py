@@ -102,10 +102,7 @@ def pytest_report_header(config):
 
 # The files that take minutes each (sanitizer compiles and runs, fresh venvs, the wheel's build, a 0.5B model), longest
 # first: pytest-xdist's workers take whole files in collection order, so that these go first and the workers end
-# together, instead of one running the longest file alone at the end. The other kernel emulations come after the
-# packaging files: started beside the fused attention's ThreadSanitizer runs (two processes of 64-128 threads per
-# block), the emulations' threads crowd 2 cores and each runs several times slower than alone (the short-row K*Q's
-# 12 s quiet took 105 s there).
+# together, instead of one running the longest file alone at the end.
 LONG_FILES = (
     "test_fused_attn_kernel_emulation.py",
     "test_packaging.py",

@@ -119,9 +119,8 @@ class Build:
         cmd = [
             compiler(),
             "-std=c++20",
-            # ThreadSanitizer's runs are the suite's longest: at -O2 the fused attention's CUDA surface ran in 189 s
-            # against 245 at -O1 (this 2-core VM); tests/test_kernel_emulation_mutations.py checks that a race
-            # put back into a kernel is still reported at that level
+            # ThreadSanitizer's runs are the emulations' longest, so at -O2; tests/test_kernel_emulation_mutations.py
+            # checks that a race put back into a kernel is still reported at that level
             "-O2" if self.sanitize == "thread" else "-O1",
             "-g",
             f"-fdebug-prefix-map={ROOT}=.",
@@ -227,14 +226,13 @@ def run(exe: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProces
 
 
 def run_all(exes: list[Path], timeout: int = 600, stall: int | None = None) -> list[subprocess.CompletedProcess]:
-    """The binaries run at once, each as run() runs it: one harness's threads keep about 1.3 of 2 cores busy (its
-    blocks wait at barriers), two keep both. Output goes to files beside each binary, so that neither waits on a
-    pipe that nobody reads.
+    """The binaries run at once, each as run() runs it: a harness runs its blocks' threads as fibers on one core
+    (tests/fused_attn_emu/fibers.h), so two keep 2 cores busy. Output goes to files beside each binary, so that
+    neither waits on a pipe that nobody reads.
 
     `timeout`: seconds for them all. `stall`: a run whose output has not grown for that many seconds is hung (a
-    deadlock at a barrier); set where a harness prints a line per case, so that a run slowed by a loaded machine
-    (ThreadSanitizer's beside a cold CI machine's gfx90a build took ~20 min against ~4 alone) is told from a hang by
-    its progress, not by the wall clock alone."""
+    deadlock the emulation did not catch, a loop); set where a harness prints a line per case, so that a run slowed
+    by a loaded machine is told from a hang by its progress, not by the wall clock alone."""
     procs = []
     for exe in exes:
         with open(f"{exe}.out", "w") as out, open(f"{exe}.err", "w") as err:

@@ -4,12 +4,12 @@ on tensor cores) run on the CPU, verbatim.
 
 tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu and the part file it includes,
 attn-decode-vmma.cuh, and dequantize-x8.cuh: the files the build compiles, tests/kernel_sources.py), a CUDA surface
-made of std::threads: a block's 128 threads run concurrently, __syncthreads() is a barrier, a warp shuffle an
-exchange between two barriers of the warp's threads (so a shuffle that some lane of a warp does not reach deadlocks:
-the timeout catches it), shared memory a buffer of exactly the launch's size filled with NaN (AddressSanitizer
-catches any access past it, and any read of a slot nothing wrote reaches the output as NaN); without cp.async, the
-tiles are staged by the kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS (the code
-NVIDIA's cp.async pipeline runs), into two. The tensor-core V*P's two warp-wide matrix instructions (mma.sync
+made of fibers (tests/fused_attn_emu/fibers.h): a block's 128 threads each a fiber of its own, __syncthreads() a
+barrier, a warp shuffle an exchange between two barriers of the warp's threads (so a shuffle that some lane of a warp
+does not reach is a deadlock, reported), shared memory a buffer of exactly the launch's size filled with NaN
+(AddressSanitizer catches any access past it, and any read of a slot nothing wrote reaches the output as NaN); without
+cp.async, the tiles are staged by the kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS
+(the code NVIDIA's cp.async pipeline runs), into two. The tensor-core V*P's two warp-wide matrix instructions (mma.sync
 m16n8k16 and ldmatrix .trans) are exchanges between two barriers of the warp's 32 threads too, each lane's fragments
 laid out as the PTX ISA gives them, and its f16 arithmetic rounds each result once (to nearest even). Each case (8B
 shape, MiMo's K 192 at GQA 8/16, d 32 to 256, 1-64 columns, 1 to 16 tiles per split, several splits, 2 streams,
@@ -21,7 +21,7 @@ with the queries int8 per 32 values as the kernel's K*Q takes them (quantized in
 compiles it: 64-lane wavefronts, one tile buffer, the f32 V*P, 64 KiB of LDS: the one case past it is skipped as the
 host refuses it). Not covered: anything that differs between this emulation and a GPU (cp.async, the tensor cores'
 own accumulation order, memory model beyond barriers), and the graph matching in ggml-cuda.cu. CPU: one g++ compile
-per surface (~40-60 s) and ~3 min (CUDA) / ~1 min (HIP) of runs; both compiles at once, then both runs at once.
+per surface (~40-60 s) and ~11 s (CUDA) / ~5 s (HIP) of runs; both compiles at once, then both runs at once.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def harness_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def thread_sanitizer_runs(tmp_path_factory):
     """harness.cpp for both surfaces under ThreadSanitizer, compiled at once, then run at once (the CUDA surface's
-    run is the longer: ~4 min on 2 cores, the HIP one's ~2; beside a loaded machine's other work, several times
-    that). A run with no new case line for 10 minutes is a hang."""
+    run is the longer: ~60 s alone on this 2-core VM, the HIP one's ~30). A run with no new case line for 10 minutes
+    is a hang."""
     require_sources()
     tmp = tmp_path_factory.mktemp("attn-tsan")
     incs = kernel_part(tmp)

@@ -1,4 +1,4 @@
-// The CUDA and HIP surface our kernels use, on std::threads (launch.h runs them): thread and block indices, barriers,
+// The CUDA and HIP surface our kernels use, on fibers (fibers.h; launch.h runs them): thread and block indices, barriers,
 // warp shuffles, ballots and the tensor-core V*P's two warp-wide matrix instructions as exchanges between barriers of a warp's lanes,
 // f16 arithmetic rounded once to nearest even, and ggml's block types (ggml.h and ggml-common.h of the exported tree).
 //
@@ -12,7 +12,6 @@
 // a default width of WARP_SIZE, ggml_cuda_syncwarp) are restated from common.cuh below as they read there.
 #pragma once
 #include <algorithm>
-#include <barrier>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +22,8 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+
+#include "fibers.h"
 
 #if defined(GGML_USE_HIP)
 #define __GFX9__        // gfx90a
@@ -46,9 +47,9 @@
 static inline void ggml_cuda_pdl_sync() {}
 static inline void ggml_cuda_pdl_lc() {}
 
-struct dim3_t { unsigned x = 0, y = 0, z = 0; };
-static thread_local dim3_t threadIdx;
-static thread_local dim3_t blockIdx;
+// threadIdx: the running thread's (fibers.h); blockIdx: the block's, set by the launch before its threads run
+#define threadIdx (g_self.load(std::memory_order_relaxed)->tidx)
+static dim3_t blockIdx;
 static dim3_t blockDim;
 static dim3_t gridDim;
 
@@ -187,12 +188,12 @@ static constexpr size_t EMU_LDS_LIMIT     = 232448; // H200: 227 KiB per block w
 static constexpr size_t EMU_STATIC_LIMIT  = 49152;  // 48 KiB of static shared memory
 #endif
 
-static std::barrier<> *  g_block_bar = nullptr;
-static std::barrier<> ** g_warp_bar  = nullptr; // [threads/EMU_WARP] (launch.h)
+static emu_barrier *  g_block_bar = nullptr;
+static emu_barrier ** g_warp_bar  = nullptr; // [threads/EMU_WARP] (launch.h)
 static inline int emu_tid() { return (int) (threadIdx.x + blockDim.x*(threadIdx.y + blockDim.y*threadIdx.z)); }
 static inline int emu_lane() { return emu_tid() % EMU_WARP; }
 
-static inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+static inline void __syncthreads() { emu_wait(g_block_bar); }
 
 // the exchange every warp-wide instruction here is made of: each lane writes its value into the warp's slots, and
 // after the second barrier reads the warp's values (returned: the warp's first slot); the next exchange's first
@@ -201,9 +202,9 @@ template <typename T>
 static const T * warp_exchange(const T & v) {
     static T buf[1024];
     const int t = emu_tid();
-    g_warp_bar[t / EMU_WARP]->arrive_and_wait();
+    emu_wait(g_warp_bar[t / EMU_WARP]);
     buf[t] = v;
-    g_warp_bar[t / EMU_WARP]->arrive_and_wait();
+    emu_wait(g_warp_bar[t / EMU_WARP]);
     return buf + (t - t % EMU_WARP);
 }
 
@@ -274,7 +275,7 @@ static inline unsigned __ballot_sync(unsigned, int pred) {
 static inline unsigned __activemask() { return __ballot_sync(0xFFFFFFFF, 1); }
 static inline int __all_sync(unsigned m, int pred) { return __ballot_sync(m, pred) == 0xFFFFFFFF; }
 static inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
-static inline void __syncwarp() { g_warp_bar[emu_tid() / EMU_WARP]->arrive_and_wait(); }
+static inline void __syncwarp() { emu_wait(g_warp_bar[emu_tid() / EMU_WARP]); }
 #endif // defined(GGML_USE_HIP)
 
 // common.cuh
