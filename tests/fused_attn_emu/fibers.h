@@ -1,8 +1,8 @@
 // A block's threads as fibers on one OS thread (launch.h runs each block so): a thread runs until it waits at a barrier
 // (the block's, for __syncthreads(), or its warp's, for the warp-wide exchanges) or returns, then the next runnable
-// one runs; a barrier's last arrival makes its waiters runnable again. A switch is a few instructions, where a block of
-// 128 std::threads on a 2-core machine paid a futex round per thread and barrier (the emulations spent twice their
-// user time in the kernel that way, and ran 5-9x slower beside other work than alone).
+// one runs; a barrier's last arrival makes its waiters runnable again. A switch is a few instructions; OS threads
+// would pay a futex round per thread and barrier, more than the kernels' own work on a 2-core machine, and far more
+// beside other work.
 //
 // Sanitizers: each thread is a fiber of its own. ThreadSanitizer sees fibers as threads; the switches carry no ordering
 // (__tsan_switch_to_fiber_no_sync) and a barrier orders exactly what a barrier orders on the GPU: each arrival releases
@@ -12,8 +12,7 @@
 // blocks run their threads in reverse order, so that a read that only an unordered write would satisfy differs
 // between blocks even without ThreadSanitizer.
 //
-// A barrier that some thread never reaches leaves no thread runnable: that is reported (which threads wait where)
-// and the process aborts, where std::threads hung until the test's stall timeout.
+// A barrier that some thread never reaches leaves no thread runnable: that is reported and the process aborts.
 #pragma once
 #include <sys/mman.h>
 
