@@ -40,8 +40,8 @@
 #                      tests (the fusion counted), vpmma4's V*P sweep, the split graph at 64K with the fusion on and off
 #   PHASE=vpmma6 ...   pp512 on the MiMo shape at 32K and 64K: GEMM path, kernel without and with the softmax, bound 16
 #   PHASE=vpmma7 ...   the kernel's rule (default, bound 64, off) at MiMo 32K/64K and 8B 8K/32K beside the unbounded graph
-#   PHASE=smf16 ...    the split's softmax as the F16 GEMM path's f16 P: op tests and pp512 (MiMo 32K/64K) under the HIP
-#                      path's settings with it on and off, the unbounded graph; NVIDIA's TF32 against the F16 GEMM at 8K
+#   PHASE=smf16 ...    the split's softmax as the F16 GEMM path's f16 P: op tests and pp512 (MiMo 64K) under the HIP
+#                      path's settings with it on and off beside the unbounded graph (SMF16_NV=1: NVIDIA's TF32 and F16)
 #   PHASE=rebuild ...  a warm machine's build brought up to date after a change (TARGETS)
 #   PHASE=matrix ...   issue 34 item 4: llama-vq-server against llama-server on the MiMo attention shape, all layers
 #                      on the GPU, q8_0 K / q4_0 V, FA off, -np 8, 1/4/8 clients, 3 alternating rounds (medians)
@@ -424,33 +424,33 @@ vpmma7)
     ;;
 smf16)
     # the split's softmax written as the F16 GEMM path's f16 P (k_out_prod_q_softmax_f16: HIP's V*P path, NVIDIA's under
-    # LLAMA_VQ_CUDA_FORCE_F16_GEMM): ATTN_SPLIT and OUT_PROD against the CPU under the HIP path's settings with the
-    # fusion on and off (counted); pp512 on the MiMo shape at 32K/64K under those settings, fusion on, off, on, and the
-    # unbounded graph; then NVIDIA's default against the F16 GEMM with the fusion at 8K, where the chunks' V*P is a GEMM
+    # LLAMA_VQ_CUDA_FORCE_F16_GEMM), under the HIP path's settings: ATTN_SPLIT against the CPU with the fusion on and off
+    # (counted), OUT_PROD once; pp512 on the MiMo shape at DEPTHS (65536) with the fusion on beside the unbounded graph,
+    # off, then on again; with SMF16_NV=1, NVIDIA's default against the F16 GEMM with the fusion at 8K
     built || { log "not built"; exit 1; }
     hip=(LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=0
         GGML_CUDA_PDL=0)
-    for svp in 1 0; do
-        for op in ATTN_SPLIT OUT_PROD; do
-            lg="$OUT/tbo-$op-hip-softmax_vp$svp.log"
-            env "${hip[@]}" LLAMA_VQ_CUDA_SOFTMAX_VP=$svp LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 150 "$bin/test-backend-ops" test \
-                -b CUDA0 -o $op > "$lg" 2>&1
-            log "$op (HIP settings, SOFTMAX_VP=$svp): rc $? $(grep -E 'tests passed|FAIL|softmax_vp=' "$lg" \
-                | sed 's/.*softmax_vp=/softmax_vp=/' | sort | uniq -c | head -4 | tr '\n' ' ')"
-        done
+    for t in "ATTN_SPLIT 1" "ATTN_SPLIT 0" "OUT_PROD 1"; do
+        read -r op svp <<< "$t"
+        lg="$OUT/tbo-$op-hip-softmax_vp$svp.log"
+        env "${hip[@]}" LLAMA_VQ_CUDA_SOFTMAX_VP=$svp LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 150 "$bin/test-backend-ops" test \
+            -b CUDA0 -o $op > "$lg" 2>&1
+        log "$op (HIP settings, SOFTMAX_VP=$svp): rc $? $(grep -E 'tests passed|FAIL|softmax_vp=' "$lg" \
+            | sed 's/.*softmax_vp=/softmax_vp=/' | sort | uniq -c | head -4 | tr '\n' ' ')"
     done
     wait_model mimo
     henv=()
     for e in "${hip[@]}"; do henv+=(--env "$e"); done
-    for svp in 1 0 1; do
-        DEPTHS=32768,65536 mimo_pp512 "mimo-smf16-hip-softmax_vp$svp" off /tmp/smf16 "${henv[@]}" \
-            --env LLAMA_VQ_CUDA_SOFTMAX_VP=$svp
+    for run in "a 1 off,unbounded" "b 0 off" "c 1 off"; do
+        read -r name svp modes <<< "$run"
+        mimo_pp512 "mimo-smf16-hip-$name-softmax_vp$svp" "$modes" /tmp/smf16 "${henv[@]}" --env LLAMA_VQ_CUDA_SOFTMAX_VP=$svp
     done
-    DEPTHS=32768,65536 mimo_pp512 "mimo-smf16-hip-unbounded" unbounded /tmp/smf16 "${henv[@]}"
-    for spec in LLAMA_VQ_CUDA_FORCE_F16_GEMM=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 \
-            LLAMA_VQ_CUDA_FORCE_F16_GEMM=0; do
-        DEPTHS=8192 mimo_pp512 "mimo-smf16-nv-${spec//[^A-Za-z0-9]/_}" off /tmp/smf16 --env "$spec"
-    done
+    if [ "${SMF16_NV:-0}" = 1 ]; then
+        for spec in LLAMA_VQ_CUDA_FORCE_F16_GEMM=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1; do
+            DEPTHS=8192 mimo_pp512 "mimo-smf16-nv-${spec//[^A-Za-z0-9]/_}" off /tmp/smf16 --env "$spec"
+        done
+    fi
+    cp /tmp/smf16/*.md "$OUT/" 2>/dev/null
     ;;
 rebuild)
     # a warm machine's build after a change: the configure step runs the packed Python (use_python's libraries); the
