@@ -426,7 +426,7 @@ smf16)
     # the split's softmax written as the F16 GEMM path's f16 P (k_out_prod_q_softmax_f16: HIP's V*P path, NVIDIA's under
     # LLAMA_VQ_CUDA_FORCE_F16_GEMM), under the HIP path's settings: ATTN_SPLIT against the CPU with the fusion on and off
     # (counted), OUT_PROD once; pp512 on the MiMo shape at DEPTHS (65536) with the fusion on beside the unbounded graph,
-    # off, then on again; with SMF16_NV=1, NVIDIA's default against the F16 GEMM with the fusion at 8K
+    # off, then on again (SMF16_RUNS); with SMF16_NV=1, NVIDIA's default against the F16 GEMM with the fusion at 8K
     built || { log "not built"; exit 1; }
     hip=(LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 LLAMA_VQ_CUDA_OUT_PROD_MMA=0
         GGML_CUDA_PDL=0)
@@ -441,7 +441,8 @@ smf16)
     wait_model mimo
     henv=()
     for e in "${hip[@]}"; do henv+=(--env "$e"); done
-    for run in "a 1 off,unbounded" "b 0 off" "c 1 off"; do
+    IFS=';' read -ra runs <<< "${SMF16_RUNS:-a 1 off,unbounded;b 0 off;c 1 off}"  # NAME SOFTMAX_VP MODES; ...
+    for run in "${runs[@]}"; do
         read -r name svp modes <<< "$run"
         mimo_pp512 "mimo-smf16-hip-$name-softmax_vp$svp" "$modes" /tmp/smf16 "${henv[@]}" --env LLAMA_VQ_CUDA_SOFTMAX_VP=$svp
     done
