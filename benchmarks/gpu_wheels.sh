@@ -6,11 +6,15 @@
 # There (carry .bench-carry, .wheelhouse and vendor/llama_cpp_python), each in a call of its own:
 #   PHASE=build OUT=<dir> bash benchmarks/gpu_wheels.sh   # the base wheel and the CUDA one (sm_90), in the background
 #   PHASE=test  OUT=<dir> bash benchmarks/gpu_wheels.sh   # pip install "llama-vq[cuda]", then Llama and the server
+#   PHASE=bench OUT=<dir> bash benchmarks/gpu_wheels.sh   # pp512 at depth on the installed wheels (WHEEL_TOOLS)
+# Wheels built elsewhere (scripts/wheels.sh cuda needs nvcc, cuBLAS and a libcuda to link, no GPU) skip PHASE=build:
+# carry them and set WHEEL_DIST to their folder.
 # Env: WHEEL_PY (python3), WHEELHOUSE (.wheelhouse), WHEEL_KINDS (build: "cpu cuda"), WHEEL_EXTRA (test: "[cuda]";
-# empty for the base wheel alone), WAIT (build: 540 s), CARRY, MODEL_DIR (benchmarks/device_common.sh).
+# empty for the base wheel alone), WHEEL_DIST (test: /tmp/dist), WHEEL_TOOLS (bench), MODES (bench), WAIT (build:
+# 540 s), CARRY, MODEL_DIR (benchmarks/device_common.sh).
 set -u
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/device_common.sh"
-: "${PHASE:?set PHASE to build or test}"
+: "${PHASE:?set PHASE to build, test or bench}"
 device_log "wheels-$PHASE" "$OUT/wheels-$PHASE.txt"
 
 case "$PHASE" in
@@ -45,10 +49,12 @@ test)
     # from the installed wheel answering a chat with every layer on the GPU
     WPY=${WHEEL_PY:-python3}
     WH=${WHEELHOUSE:-$here/.wheelhouse}
-    [ -f /tmp/dist/.done ] || { log "no wheels (PHASE=build)"; exit 1; }
+    dist=${WHEEL_DIST:-/tmp/dist}  # WHEEL_DIST: wheels built elsewhere and carried
+    [ -f "$dist/.done" ] || [ -n "${WHEEL_DIST:-}" ] || { log "no wheels (PHASE=build)"; exit 1; }
+    gen llama-tiny llama --preset tiny
     wait_model llama-tiny
     spec="llama-vq${WHEEL_EXTRA-[cuda]}"  # WHEEL_EXTRA= (empty): the base wheel alone
-    PIP_NO_INDEX=1 "$WPY" -m pip install --find-links /tmp/dist --find-links "$WH" "$spec" \
+    PIP_NO_INDEX=1 "$WPY" -m pip install --find-links "$dist" --find-links "$WH" "$spec" \
         > "$OUT/wheeltest-pip.log" 2>&1
     log "pip install $spec: rc $? $(grep -E '^Successfully installed' "$OUT/wheeltest-pip.log" | tr -s ' ' | cut -c1-300)"
     mkdir -p /tmp/away && cd /tmp/away || exit 1
@@ -77,8 +83,28 @@ PY
     log "llama-vq-server chat: $(head -c 400 "$OUT/wheeltest-chat.json"); $(grep -E 'CUDA0|offloaded|KV cache' "$OUT/wheeltest-server.log" | head -4 | tr '\n' ' ' | cut -c1-500)"
     kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
     ;;
-
+bench)
+    # issue 33 on the installed wheels (PHASE=test first): llama-bench from their build folder (WHEEL_TOOLS: a folder
+    # holding it, built there with LLAMA_VQ_BUILD_TOOLS=ON) on the installed libraries and backend modules; pp512 on the
+    # MiMo shape (q8_0 / q4_1) at 64K and the 8B shape (q4_0 / q4_0) at 32K, the modes (MODES: the split, the unbounded
+    # graph, flash attention for the prompt) interleaved in one invocation each (benchmarks/attn_modes.py)
+    WPY=${WHEEL_PY:-python3}
+    lib=$(cd /tmp && env -u PYTHONPATH "$WPY" -c 'import llama_vq, os; print(os.path.join(os.path.dirname(llama_vq.__file__), "lib"))') \
+        || { log "llama_vq not installed (PHASE=test)"; exit 1; }
+    mkdir -p /tmp/wbin && cp "${WHEEL_TOOLS:?a folder with llama-bench}"/* /tmp/wbin/ && ln -sf "$lib"/*.so* /tmp/wbin/
+    export LD_LIBRARY_PATH=/tmp/wbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    gen mimo mimo --preset attn
+    gen llama8b llama --preset llama-3.1-8b
+    wait_model mimo
+    python3 "$here/benchmarks/attn_modes.py" --bin /tmp/wbin --model "$M/synth-mimo.gguf" --label wheel-mimo --ctk q8_0 \
+        --ctv q4_1 --depths 65536 --modes "${MODES:-off,unbounded,prefill}" --tg 0 --reps 1 --out "$OUT" 2>&1 \
+        | grep "attn-modes\]" | tee -a "$OUT/wheels-$PHASE.txt"
+    wait_model llama8b
+    python3 "$here/benchmarks/attn_modes.py" --bin /tmp/wbin --model "$M/synth-llama8b.gguf" --label wheel-l8b --ctk q4_0 \
+        --ctv q4_0 --depths 32768 --modes "${MODES:-off,unbounded,prefill}" --tg 0 --reps 1 --out "$OUT" 2>&1 \
+        | grep "attn-modes\]" | tee -a "$OUT/wheels-$PHASE.txt"
+    ;;
 *)
-    echo "PHASE=$PHASE: not a phase (build, test)" >&2; exit 2 ;;
+    echo "PHASE=$PHASE: not a phase (build, test, bench)" >&2; exit 2 ;;
 esac
 log "done"
