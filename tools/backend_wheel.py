@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import re
+import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -37,6 +40,36 @@ KINDS = {
 }
 
 
+# A module that calls an API without naming its library in DT_NEEDED links (shared objects may leave symbols
+# undefined) and then fails to load wherever that library is not already in the process: a libcuda.so link stub
+# that defines nothing lets the linker's --as-needed drop libcuda.so.1, and ggml-cuda's virtual memory calls
+# (cuMemCreate, ...) are then unresolved at dlopen. Each kind's APIs, by the prefix of their undefined symbols.
+APIS = {
+    "cuda": ((re.compile(r"cu[A-Z]\w*$"), "libcuda.so.1", "libcuda.so.1", "the CUDA driver API"),),
+    "hip": ((re.compile(r"hip[A-Z]\w*$"), "libamdhip64.so.", "libamdhip64.so.6", "the HIP runtime"),),
+}
+
+
+def check_links(kind: str, lib: bytes) -> None:
+    """Refuse a backend module whose undefined symbols of its kind's APIs have no library in DT_NEEDED to bind them."""
+    with tempfile.NamedTemporaryFile(suffix=".so") as f:
+        f.write(lib)
+        f.flush()
+        out = subprocess.run(
+            ["readelf", "-W", "--dynamic", "--dyn-syms", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+    undefined = {m.group(1) for m in re.finditer(r"\sUND\s+(\S+?)(?:@\S*)?$", out, re.M)}
+    for pattern, prefix, soname, api in APIS[kind]:
+        calls = sorted(s for s in undefined if pattern.match(s))
+        if calls and not any(n.startswith(prefix) for n in needed):
+            raise SystemExit(
+                f"libggml-{kind}.so calls {api} ({', '.join(calls[:4])}{', ...' if len(calls) > 4 else ''}) but "
+                f"does not link {soname} (DT_NEEDED: {', '.join(needed)}): it would fail to load. Link the real "
+                f"library or a stub that defines these symbols (the toolkit's stubs/ folder), not an empty one."
+            )
+
+
 def _record_line(name: str, data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"{name},sha256={digest},{len(data)}"
@@ -51,6 +84,7 @@ def build(kind: str, source: Path, out: Path) -> Path:
             raise SystemExit(f"{source} holds no {member}: not a DL build with the {kind} backend")
         lib = z.read(member)
         lib_info = z.getinfo(member)
+    check_links(kind, lib)
     norm = dist.replace("-", "_")
     info = f"{norm}-{version}.dist-info"
     metadata = (
