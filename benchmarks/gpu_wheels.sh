@@ -73,6 +73,9 @@ for tv in ("f16", "q4_0"):
     del llm
 PY
     log "llama_vq.Llama: rc $? $(grep -E '^modules:|^completion|offloaded' "$OUT/wheeltest-llama.log" | tr '\n' ' ' | cut -c1-600)"
+    if [ -n "${WHEEL_EXTRA-[cuda]}" ] && ! grep -q "^modules:.*libggml-cuda.so" "$OUT/wheeltest-llama.log"; then
+        log "FAILED: libggml-cuda.so did not load (the notes above say why); the model ran on the CPU"; exit 1
+    fi
     srvbin=$(env -u PYTHONPATH "$WPY" -c 'import os, sys; print(os.path.join(os.path.dirname(sys.executable), "llama-vq-server"))')
     env -u PYTHONPATH "$srvbin" --model "$M/synth-llama-tiny.gguf" -ngl 99 -ctk q4_0 -ctv q4_0 -fa off --port 8391 \
         > "$OUT/wheeltest-server.log" 2>&1 &
