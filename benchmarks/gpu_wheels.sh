@@ -95,6 +95,8 @@ bench)
     lib=$(cd /tmp && env -u PYTHONPATH "$WPY" -c 'import llama_vq, os; print(os.path.join(os.path.dirname(llama_vq.__file__), "lib"))') \
         || { log "llama_vq not installed (PHASE=test)"; exit 1; }
     mkdir -p /tmp/wbin && cp "${WHEEL_TOOLS:?a folder with llama-bench}"/* /tmp/wbin/ && ln -sf "$lib"/*.so* /tmp/wbin/
+    # the libraries auditwheel grafted (libgomp under a hashed name), found by the wheel's own RPATH ($ORIGIN/../..)
+    ln -sf "$lib"/../../llama_vq.libs/* /tmp/wbin/ 2>/dev/null
     export LD_LIBRARY_PATH=/tmp/wbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     gen mimo mimo --preset attn
     gen llama8b llama --preset llama-3.1-8b
