@@ -294,8 +294,13 @@ static int64_t out_prod_q_gemm_tiles(const int64_t m, const int64_t n, const int
 // (52 tiles); the 8B shape at 32K 341 / 228 (16 tiles), at 8K 211 / 182 (48 tiles). With the chunk's softmax taken in
 // (out_prod_q_softmax_cuda), pp512 on the MiMo shape at 64K 1,383-1,387 tok/s without the kernel, 2,414-2,425 with it;
 // at 32K 2,972-2,990 without, 3,476-3,484 with it at the bound 16 (the 16-tile chunks), the bound 8 leaving them out.
+// The bound is 64: the V*P alone loses at ~50 tiles, but the chunk's softmax rides along only where this kernel takes
+// the chunk, and the pair wins end to end. pp512 on an H100, bound 16 / 64 (/ 256 to 4K), runs twice in turn: MiMo shape
+// at 0 / 2K / 4K / 8K / 16K 8,962 / 9,029 / 6,775, 6,508 / 6,507 / 6,095, 5,933 / 5,944 / 5,895, 5,327 / 5,575,
+// 4,394 / 4,600; the 8B shape 9,259 / 9,215 / 7,595, 7,734 / 7,724 / 7,379, 5,799 / 6,544 / 6,603, 4,533 / 4,945,
+// 3,006 / 3,485 (256 loses at short contexts, where a chunk's many tiles fill the GPU through cuBLAS).
 #define OUT_PROD_Q_MMA_MIN_COLS  128
-#define OUT_PROD_Q_MMA_MAX_TILES 16
+#define OUT_PROD_Q_MMA_MAX_TILES 64
 static bool out_prod_q_use_mma(const ggml_tensor * dst) {
     static const int mode = [] {
         const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_MMA");
