@@ -100,14 +100,13 @@ bench)
     export LD_LIBRARY_PATH=/tmp/wbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     gen mimo mimo --preset attn
     gen llama8b llama --preset llama-3.1-8b
-    wait_model mimo
-    python3 "$here/benchmarks/attn_modes.py" --bin /tmp/wbin --model "$M/synth-mimo.gguf" --label wheel-mimo --ctk q8_0 \
-        --ctv q4_1 --depths 65536 --modes "${MODES:-off,unbounded,prefill}" --tg 0 --reps 1 --out "$OUT" 2>&1 \
-        | grep "attn-modes\]" | tee -a "$OUT/wheels-$PHASE.txt"
-    wait_model llama8b
-    python3 "$here/benchmarks/attn_modes.py" --bin /tmp/wbin --model "$M/synth-llama8b.gguf" --label wheel-l8b --ctk q4_0 \
-        --ctv q4_0 --depths 32768 --modes "${MODES:-off,unbounded,prefill}" --tg 0 --reps 1 --out "$OUT" 2>&1 \
-        | grep "attn-modes\]" | tee -a "$OUT/wheels-$PHASE.txt"
+    for run in "mimo q8_0 q4_1 65536" "llama8b q4_0 q4_0 32768"; do
+        read -r name tk tv depth <<< "$run"
+        wait_model "$name"
+        python3 "$here/benchmarks/attn_modes.py" --bin /tmp/wbin --model "$M/synth-$name.gguf" --label "wheel-$name" \
+            --ctk "$tk" --ctv "$tv" --depths "$depth" --modes "${MODES:-off,unbounded,prefill}" --tg 0 --reps 1 \
+            --out "$OUT" 2>&1 | grep "attn-modes\]" | tee -a "$OUT/wheels-$PHASE.txt"
+    done
     ;;
 *)
     echo "PHASE=$PHASE: not a phase (build, test, bench)" >&2; exit 2 ;;

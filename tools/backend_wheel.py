@@ -43,15 +43,15 @@ KINDS = {
 # A module that calls an API without naming its library in DT_NEEDED links (shared objects may leave symbols
 # undefined) and then fails to load wherever that library is not already in the process: a libcuda.so link stub
 # that defines nothing lets the linker's --as-needed drop libcuda.so.1, and ggml-cuda's virtual memory calls
-# (cuMemCreate, ...) are then unresolved at dlopen. Each kind's APIs, by the prefix of their undefined symbols.
+# (cuMemCreate, ...) are then unresolved at dlopen. Per kind: its API's undefined symbols, the soname that binds them.
 APIS = {
-    "cuda": ((re.compile(r"cu[A-Z]\w*$"), "libcuda.so.1", "libcuda.so.1", "the CUDA driver API"),),
-    "hip": ((re.compile(r"hip[A-Z]\w*$"), "libamdhip64.so.", "libamdhip64.so.6", "the HIP runtime"),),
+    "cuda": (re.compile(r"cu[A-Z]\w*$"), re.compile(r"libcuda\.so\.1$"), "libcuda.so.1", "the CUDA driver API"),
+    "hip": (re.compile(r"hip[A-Z]\w*$"), re.compile(r"libamdhip64\.so\.\d+$"), "libamdhip64.so.6", "the HIP runtime"),
 }
 
 
 def check_links(kind: str, lib: bytes) -> None:
-    """Refuse a backend module whose undefined symbols of its kind's APIs have no library in DT_NEEDED to bind them."""
+    """Refuse a backend module whose undefined symbols of its kind's API have no library in DT_NEEDED to bind them."""
     with tempfile.NamedTemporaryFile(suffix=".so") as f:
         f.write(lib)
         f.flush()
@@ -60,14 +60,14 @@ def check_links(kind: str, lib: bytes) -> None:
         ).stdout
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
     undefined = {m.group(1) for m in re.finditer(r"\sUND\s+(\S+?)(?:@\S*)?$", out, re.M)}
-    for pattern, prefix, soname, api in APIS[kind]:
-        calls = sorted(s for s in undefined if pattern.match(s))
-        if calls and not any(n.startswith(prefix) for n in needed):
-            raise SystemExit(
-                f"libggml-{kind}.so calls {api} ({', '.join(calls[:4])}{', ...' if len(calls) > 4 else ''}) but "
-                f"does not link {soname} (DT_NEEDED: {', '.join(needed)}): it would fail to load. Link the real "
-                f"library or a stub that defines these symbols (the toolkit's stubs/ folder), not an empty one."
-            )
+    symbol, library, soname, api = APIS[kind]
+    calls = sorted(s for s in undefined if symbol.match(s))
+    if calls and not any(library.match(n) for n in needed):
+        raise SystemExit(
+            f"libggml-{kind}.so calls {api} ({', '.join(calls[:4])}{', ...' if len(calls) > 4 else ''}) but "
+            f"does not link {soname} (DT_NEEDED: {', '.join(needed)}): it would fail to load. Link the real "
+            f"library or a stub that defines these symbols (the toolkit's stubs/ folder), not an empty one."
+        )
 
 
 def _record_line(name: str, data: bytes) -> str:

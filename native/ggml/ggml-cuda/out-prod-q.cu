@@ -289,16 +289,11 @@ static int64_t out_prod_q_gemm_tiles(const int64_t m, const int64_t n, const int
 // OUT_PROD_Q_MMA_MIN_COLS dst columns per V matrix (decode batches, up to 8 sequences at GQA 16, keep their paths) in at
 // most LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES (default OUT_PROD_Q_MMA_MAX_TILES) 128 x 128 dst tiles, too few for the
 // GEMM path's cuBLAS call to fill the GPU; 0 never (the GEMM path); 2 every shape the kernel takes (tests).
-// Measured (benchmarks/RESULTS.md), V*P of pp512's largest chunk, GEMM path against this kernel in its pipelined form,
-// on an H200: MiMo's full-attention layers at 64K 291 / 143 us (8 tiles), at 32K 223 / 231 (16 tiles), at 8K 148 / 211
-// (52 tiles); the 8B shape at 32K 341 / 228 (16 tiles), at 8K 211 / 182 (48 tiles). With the chunk's softmax taken in
-// (out_prod_q_softmax_cuda), pp512 on the MiMo shape at 64K 1,383-1,387 tok/s without the kernel, 2,414-2,425 with it;
-// at 32K 2,972-2,990 without, 3,476-3,484 with it at the bound 16 (the 16-tile chunks), the bound 8 leaving them out.
-// The bound is 64: the V*P alone loses at ~50 tiles, but the chunk's softmax rides along only where this kernel takes
-// the chunk, and the pair wins end to end. pp512 on an H100, bound 16 / 64 (/ 256 to 4K), runs twice in turn: MiMo shape
-// at 0 / 2K / 4K / 8K / 16K 8,962 / 9,029 / 6,775, 6,508 / 6,507 / 6,095, 5,933 / 5,944 / 5,895, 5,327 / 5,575,
-// 4,394 / 4,600; the 8B shape 9,259 / 9,215 / 7,595, 7,734 / 7,724 / 7,379, 5,799 / 6,544 / 6,603, 4,533 / 4,945,
-// 3,006 / 3,485 (256 loses at short contexts, where a chunk's many tiles fill the GPU through cuBLAS).
+// The bound: on an H200 this kernel alone ran pp512's largest chunk's V*P 2.0x faster than the GEMM path at 8 tiles,
+// tied at 16 and lost at ~50; but the chunk's softmax rides along only where this kernel takes the chunk, and end to
+// end the pair wins up to 64 tiles (pp512 on an H100 5-16 % faster than the bound 16 from 8K cells, equal at 0-2K) while
+// 256 loses at short contexts, where a chunk's many tiles fill the GPU through cuBLAS (benchmarks/RESULTS.md, "the
+// tensor-core V*P's tile bound end to end").
 #define OUT_PROD_Q_MMA_MIN_COLS  128
 #define OUT_PROD_Q_MMA_MAX_TILES 64
 static bool out_prod_q_use_mma(const ggml_tensor * dst) {
