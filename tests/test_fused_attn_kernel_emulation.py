@@ -49,6 +49,7 @@ def kernel_part(tmp: Path) -> dict[str, Path]:
     kern = for_emulation(cut(text, "#define AD_NT", "static bool attn_decode_type_supported"))
     assert kern.count("g_smem") == 2, "the kernels' two extern __shared__ declarations"
     write_part(tmp, "attn-decode-vmma.cuh", kernel_source("attn-decode-vmma.cuh"))
+    write_part(tmp, "attn-decode-tc.cuh", for_emulation(kernel_source("attn-decode-tc.cuh")))
     return {
         "KERNEL_INC": write_part(tmp, "kernel.inc", kern),
         "DEQ_INC": write_part(tmp, "deq.inc", dequantize_x8_part()),
@@ -86,8 +87,10 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(harness_runs):
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "all passed" in proc.stdout
-    # both V*P forms ran: the f32 one (every shape) and the tensor-core one (d_v 128)
-    assert proc.stdout.count(" vmma=0:") >= 20 and proc.stdout.count(" vmma=1:") >= 10, proc.stdout
+    # the three forms ran: the f32 V*P (every shape), the tensor-core V*P (d_v 128), and both products on tensor
+    # cores (k_attn_decode_tc: tiles of 16 columns, d 64/128/192, every K and V type)
+    assert proc.stdout.count(" vmma=0 tc=0:") >= 20 and proc.stdout.count(" vmma=1 tc=0:") >= 10, proc.stdout
+    assert proc.stdout.count(" tc=1:") >= 10, proc.stdout
 
 
 @pytest.mark.slow
@@ -98,8 +101,9 @@ def test_fused_attn_f32_vp_is_correct_at_wavefront_64(harness_runs):
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "all passed" in proc.stdout
-    assert proc.stdout.count(" vmma=0:") >= 20 and " vmma=1:" not in proc.stdout, proc.stdout
-    assert proc.stdout.count(" nbuf=1 ") == proc.stdout.count(" vmma=0:"), "HIP has one tile buffer"
+    assert proc.stdout.count(" vmma=0 tc=0:") >= 20, proc.stdout
+    assert " vmma=1" not in proc.stdout and " tc=1:" not in proc.stdout, "NVIDIA's tensor-core forms only"
+    assert proc.stdout.count(" nbuf=1 ") == proc.stdout.count(" vmma=0 tc=0:"), "HIP has one tile buffer"
 
 
 @pytest.mark.slow

@@ -386,6 +386,27 @@ static void ad_mma_f16(float * d, const unsigned * a, const unsigned b0, const u
         d[e] = (float) (d[e] + acc);
     }
 }
+// mma.sync m16n8k32 row.col s32.s8.s8.s32 (PTX ISA's fragments; g = lane/4, t = lane%4): A's registers hold 4 bytes
+// each, (row g, k 4t..4t+3), (row g+8, the same), (row g, k 16+4t..), (row g+8, the same); B's (k 4t..4t+3, n g),
+// (k 16+4t.., n g); D's (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1). Exact integer sums.
+static void ad_mma_s8(int * d, const unsigned * a, const unsigned b0, const unsigned b1) {
+    const int lane = emu_lane();
+    const mma_frag * w = warp_exchange(mma_frag{{a[0], a[1], a[2], a[3]}, {b0, b1}});
+    auto s8 = [](const unsigned r, const int k) { return (int) (int8_t) (uint8_t) (r >> (8*(k % 4))); };
+    auto A = [&](const int m, const int k) { return s8(w[(m % 8)*4 + (k % 16)/4].a[(m >= 8) + 2*(k >= 16)], k); };
+    auto B = [&](const int k, const int n) { return s8(w[n*4 + (k % 16)/4].b[k >= 16], k); };
+    const int g = lane / 4;
+    const int t = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+        const int m = g + 8*(e >> 1);
+        const int n = 2*t + (e & 1);
+        int acc = 0;
+        for (int k = 0; k < 32; ++k) {
+            acc += A(m, k)*B(k, n);
+        }
+        d[e] += acc;
+    }
+}
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane 8i + r gives row r of matrix i; lane (g, t) receives, per
 // matrix, (row 2t, column g) in the low half and (row 2t + 1, column g) in the high half
 static void ad_ldsm_x4_trans(unsigned * a, const half * row) {

@@ -74,6 +74,7 @@ struct attn_case {
     bool tail = false; // the output permuted to [d_v, n_head, n_tokens, n_stream], contiguous
     int out_rot = 0;   // and every out_rot-segment of a row Hadamard-rotated (V's inverse rotation)
     bool vmma = false; // V*P on (emulated) tensor cores, V and P rounded to f16 (d_v 128)
+    bool tc = false;   // k_attn_decode_tc: K*Q in int8 and V*P in f16 on (emulated) tensor cores
 };
 
 static const char * tname(ggml_type t) { return t == GGML_TYPE_Q4_0 ? "q4_0" : t == GGML_TYPE_Q4_1 ? "q4_1" : "q8_0"; }
@@ -154,7 +155,7 @@ static bool run_case(const attn_case & c0, int seed) {
 #if defined(GGML_USE_HIP)
     // gfx90a: no tensor cores for the tensor-core V*P (NVIDIA's form only: the host never picks it on HIP) and no cp.async,
     // so one tile buffer (attn_decode_nbuf)
-    if (c.vmma) {
+    if (c.vmma || c.tc) {
         return true;
     }
     c.nbuf = 1;
@@ -211,7 +212,10 @@ static bool run_case(const attn_case & c0, int seed) {
     p.dk = c.dk; p.dv = c.dv; p.n_kv = c.n_kv; p.n_head_kv = c.n_head_kv; p.gqa = c.n_head/c.n_head_kv; p.ntok = c.ntok;
     p.ncols = p.ntok*p.gqa; p.ntiles = (p.ncols + AD_CT - 1)/AD_CT; p.hadamard_n = c.n_rot; p.scale = scale;
     p.rbk = (int) rk; p.rbv = (int) rv;
-    attn_decode_plan(p, c.n_stream, c.nsm, 4);
+    if (c.tc) {
+        p.ntiles = (p.ncols + AD_TC_COLS - 1)/AD_TC_COLS;
+    }
+    attn_decode_plan(p, c.n_stream, c.nsm, c.tc ? 3 : 4);
     const int64_t nsplit = p.nsplit;
 
     std::vector<float> qr = q; // the kernel reads the unrotated queries when n_rot > 0 (as the fused graph does)
@@ -222,6 +226,7 @@ static bool run_case(const attn_case & c0, int seed) {
     const size_t esz = c.mask_f16 ? 2 : 4;
     p.mask = c.mask_f16 ? (const char *) mask16.data() : (const char *) mask.data();
     p.m_ne2 = 1; p.m_ne3 = c.n_stream;
+    p.mask_f16 = c.mask_f16;
     p.m_nb1 = (int64_t) c.n_kv*esz; p.m_nb2 = (int64_t) c.n_kv*c.ntok*esz; p.m_nb3 = p.m_nb2;
     p.sinks = c.sinks ? sinks.data() : nullptr;
     std::vector<float> dst((size_t) c.dv*c.ntok*c.n_head*c.n_stream, NAN);
@@ -238,7 +243,8 @@ static bool run_case(const attn_case & c0, int seed) {
 
     const int cg = attn_decode_cg(p.ncols);
     p.nbuf = c.nbuf;
-    const size_t smem = attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf, c.vmma);
+    const size_t smem = c.tc ? attn_decode_tc_smem(p.dk, p.dv, p.rbk, p.rbv, p.nbuf)
+                             : attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf, c.vmma);
     if (smem > EMU_LDS_LIMIT) {
         // ggml_cuda_attn_decode_fused_supported refuses it (the device's shared memory): the separate ops run
         printf("SKIP %s/%s dk=%d dv=%d ncols=%d: %zu bytes of shared memory, above the device's %zu\n", tname(c.tk),
@@ -265,6 +271,23 @@ static bool run_case(const attn_case & c0, int seed) {
                 else              { if (f16) k_attn_decode<TK, TV, 8, half, VM>(p); else k_attn_decode<TK, TV, 8, float, VM>(p); }
             });
         };
+#if !defined(GGML_USE_HIP)
+        if (c.tc) {
+            auto tc = [&](auto dk, auto dv) {
+                constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+                launch(dim3((unsigned) nsplit, (unsigned) (p.n_head_kv*p.ntiles), (unsigned) c.n_stream), dim3(AD_NT), smem,
+                       [&] { k_attn_decode_tc<TK, TV, DK, DV>(p); });
+            };
+            using i64 = std::integral_constant<int, 64>;
+            using i128 = std::integral_constant<int, 128>;
+            using i192 = std::integral_constant<int, 192>;
+            if (c.dk == 128 && c.dv == 128) tc(i128{}, i128{});
+            else if (c.dk == 192 && c.dv == 128) tc(i192{}, i128{});
+            else if (c.dk == 64 && c.dv == 64) tc(i64{}, i64{});
+            else { printf("FAIL: no tensor-core form for dk=%d dv=%d\n", c.dk, c.dv); std::exit(1); }
+            return;
+        }
+#endif
         if (c.vmma) {
             run(std::true_type{});
         } else {
@@ -304,10 +327,10 @@ static bool run_case(const attn_case & c0, int seed) {
     const double nmse = num/den;
     // f32 V*P: rounding only (<= 7e-14 seen); tensor-core V*P: V and P rounded to f16 once each (relative
     // 2^-11 at most), an error of its own kind, bounded separately
-    const bool ok = finite && nmse < (c.vmma ? 1e-6 : 1e-9);
-    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d vmma=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
+    const bool ok = finite && nmse < (c.vmma || c.tc ? 1e-6 : 1e-9);
+    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d vmma=%d tc=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
            ok ? "OK  " : "FAIL", tname(c.tk), tname(c.tv), c.dk, c.dv, c.n_head, c.n_head_kv, c.n_kv, c.ntok, c.n_stream,
-           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, c.nbuf, (int) c.tail, c.out_rot, (int) c.vmma, (int) nsplit, cg,
+           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, c.nbuf, (int) c.tail, c.out_rot, (int) c.vmma, (int) c.tc, (int) nsplit, cg,
            p.uk, p.uv, nmse);
     return ok;
 }
@@ -350,6 +373,17 @@ int main() {
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 400, 2, 2, true,  false, 128,  16, 2, true,  64, true}, // 2 streams, rotations
         {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 1000, 1, 1, true, false,   0,   1, 2, false,  0, true}, // one split of 16 tiles
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false, 128,   1, 2, true, 128, true}, // one split, 2 tiles
+        // both products on tensor cores (k_attn_decode_tc): tiles of 16 columns, every K and V type, d 64/128/192
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 900, 1, 1, true,  false,   0,  16, 2, false,  0, false, true}, // MiMo full
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 900, 1, 1, true,  false,   0,  16, 1, false,  0, false, true}, // one buffer
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,   1, 1, 1, false, false,   0, 132, 2, false,  0, false, true}, // 8B, 4 columns
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 127, 2, 1, true,  false,   0, 132, 2, false,  0, false, true},
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 600, 8, 1, false, false,   0,  16, 2, false,  0, false, true}, // 32 columns: 2 tiles
+        {GGML_TYPE_Q4_1, GGML_TYPE_Q4_0, 192, 128, 64, 8, 520, 3, 1, false, true,    0,  16, 2, false,  0, false, true}, // 24 columns, f16 mask
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, 192, 128, 64, 4, 300, 2, 2, true,  false,  64,  16, 2, true,  64, false, true}, // 2 streams, rotations
+        {GGML_TYPE_Q4_1, GGML_TYPE_Q4_1,  64,  64, 16, 4, 333, 3, 1, true,  false,   0,   8, 2, false,  0, false, true}, // 12 columns, d 64
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 1000, 1, 1, true, false,   0,   1, 2, true, 128, false, true}, // one split of 16 tiles
+        {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128,  8, 8, 260, 1, 1, false, false,   0,   8, 2, false,  0, false, true}, // one column
     };
     bool all = true;
     int seed = 1;

@@ -3,6 +3,10 @@
 #include "dequantize-x8.cuh"
 #include "mma-f16.cuh"
 
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
 // One block = (split of the cells, KV head x tile of <= 32 query columns, stream), 128 threads, no warp-size
 // assumption beyond shuffles of width 4 and 32 (which divide 32- and 64-wide wavefronts), every thread reaching
 // every shuffle. Query column col (0 .. n_tokens*gqa) = token col % n_tokens of head h*gqa + col / n_tokens.
@@ -69,6 +73,7 @@ struct attn_decode_params {
     int uk, uv;   // bytes per staging unit of K / V (16, 8, 4 or 2)
     ad_stage_geo gk, gv; // the staging walks of K and V (attn_decode_stage_plan)
     int m_ne2, m_ne3;
+    int mask_f16; // k_attn_decode_tc: the mask is f16 (else f32); k_attn_decode takes it as a template parameter
     float scale;
 
     int64_t q_nb1, q_nb2, q_nb3;      // bytes
@@ -841,6 +846,9 @@ static __global__ void __launch_bounds__(AD_NT) k_attn_decode_combine(const floa
     }
 }
 
+// the form with K*Q and V*P both on tensor cores (k_attn_decode_tc; NVIDIA sm_80+)
+#include "attn-decode-tc.cuh"
+
 // bytes per staging unit: the widest of 16/8/4/2 dividing a row's bytes, the base address and every stride
 static int attn_decode_unit(const int rb, const uintptr_t base, const int64_t nb1, const int64_t nb2, const int64_t nb3) {
     for (int u = 16; u > 2; u /= 2) {
@@ -955,6 +963,29 @@ static bool attn_decode_vmma(const int ncols, const int dk, const int dv, const 
 #endif // GGML_USE_HIP
 }
 
+// both products on tensor cores (k_attn_decode_tc): NVIDIA with mma.sync for the device (sm_80+), a d_k / d_v pair
+// it is compiled for, and its shared memory (two tile buffers where cp.async is there) within the device's;
+// LLAMA_VQ_CUDA_FUSED_ATTN_TC=0 keeps k_attn_decode (read once). Returns the tile buffers (0: not this form).
+static int attn_decode_tc_nbuf(const int dk, const int dv, const int rbk, const int rbv) {
+#ifdef GGML_USE_HIP
+    GGML_UNUSED_VARS(dk, dv, rbk, rbv);
+    return 0;
+#else
+    static const bool off = [] {
+        const char * env = getenv("LLAMA_VQ_CUDA_FUSED_ATTN_TC");
+        return env && atoi(env) == 0;
+    }();
+    const auto & di = ggml_cuda_info().devices[ggml_cuda_get_device()];
+    if (off || !ad_tc_shape(dk, dv) || !ampere_mma_available(di.cc)) {
+        return 0;
+    }
+    if (cp_async_available(di.cc) && attn_decode_tc_smem(dk, dv, rbk, rbv, 2) <= di.smpbo) {
+        return 2;
+    }
+    return attn_decode_tc_smem(dk, dv, rbk, rbv, 1) <= di.smpbo ? 1 : 0;
+#endif // GGML_USE_HIP
+}
+
 bool ggml_cuda_attn_decode_fused_supported(const ggml_tensor * kq, const ggml_tensor * softmax, const ggml_tensor * kqv) {
     if (kq->op != GGML_OP_MUL_MAT || softmax->op != GGML_OP_SOFT_MAX || kqv->op != GGML_OP_OUT_PROD) {
         return false;
@@ -1039,8 +1070,10 @@ bool ggml_cuda_attn_decode_fused_auto(const ggml_tensor * kq, const ggml_tensor 
     return true;
 #else
     const int ncols = (int) (q->ne[2]/k->ne[2]);
-    return attn_decode_vmma(ncols, (int) k->ne[0], (int) v->ne[0], attn_decode_row_bytes(k->type, k->ne[0]),
-        attn_decode_row_bytes(v->type, v->ne[0]));
+    const int rbk   = attn_decode_row_bytes(k->type, k->ne[0]);
+    const int rbv   = attn_decode_row_bytes(v->type, v->ne[0]);
+    return attn_decode_tc_nbuf((int) k->ne[0], (int) v->ne[0], rbk, rbv) > 0 ||
+        attn_decode_vmma(ncols, (int) k->ne[0], (int) v->ne[0], rbk, rbv);
 #endif
 }
 
@@ -1116,6 +1149,69 @@ static void attn_decode_switch_v(const ggml_type type_v, const attn_decode_param
     }
 }
 
+static std::atomic<int64_t> attn_decode_tc_count{0};
+
+int64_t ggml_cuda_attn_decode_tc_runs() {
+    return attn_decode_tc_count.load();
+}
+
+#ifndef GGML_USE_HIP
+// k_attn_decode_tc's instance for the types and the d_k / d_v pair, with the blocks per SM its registers and shared
+// memory allow (read once per instance and size)
+template <ggml_type type_k, ggml_type type_v, int DK, int DV>
+static void attn_decode_tc_launch_dv(const attn_decode_params & p, const dim3 grid, const size_t smem, cudaStream_t stream) {
+    const size_t smpbo = ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo;
+    CUDA_SET_SHARED_MEMORY_LIMIT((k_attn_decode_tc<type_k, type_v, DK, DV>), smpbo);
+    attn_decode_kernel_launch(k_attn_decode_tc<type_k, type_v, DK, DV>, grid, smem, stream, p);
+}
+
+template <ggml_type type_k, ggml_type type_v, int DK, int DV>
+static int attn_decode_tc_occupancy(const size_t smem) {
+    const size_t smpbo = ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo;
+    CUDA_SET_SHARED_MEMORY_LIMIT((k_attn_decode_tc<type_k, type_v, DK, DV>), smpbo);
+    int nb = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_attn_decode_tc<type_k, type_v, DK, DV>, AD_NT, smem));
+    return std::max(1, nb);
+}
+
+// blocks per SM (launch == false) or the launch (launch == true) of the instance for p's types and d_k / d_v
+template <ggml_type type_k, ggml_type type_v>
+static int attn_decode_tc_dispatch_dv(const attn_decode_params & p, const bool launch, const dim3 grid, const size_t smem,
+        cudaStream_t stream) {
+#define AD_TC_CASE(DK, DV) \
+    if (p.dk == (DK) && p.dv == (DV)) { \
+        if (!launch) { return attn_decode_tc_occupancy<type_k, type_v, DK, DV>(smem); } \
+        attn_decode_tc_launch_dv<type_k, type_v, DK, DV>(p, grid, smem, stream); return 0; \
+    }
+    AD_TC_CASE(128, 128)
+    AD_TC_CASE(192, 128)
+    AD_TC_CASE(64, 64)
+#undef AD_TC_CASE
+    GGML_ABORT("fatal error");
+}
+
+template <ggml_type type_k>
+static int attn_decode_tc_dispatch_v(const ggml_type type_v, const attn_decode_params & p, const bool launch,
+        const dim3 grid, const size_t smem, cudaStream_t stream) {
+    switch (type_v) {
+        case GGML_TYPE_Q4_0: return attn_decode_tc_dispatch_dv<type_k, GGML_TYPE_Q4_0>(p, launch, grid, smem, stream);
+        case GGML_TYPE_Q4_1: return attn_decode_tc_dispatch_dv<type_k, GGML_TYPE_Q4_1>(p, launch, grid, smem, stream);
+        case GGML_TYPE_Q8_0: return attn_decode_tc_dispatch_dv<type_k, GGML_TYPE_Q8_0>(p, launch, grid, smem, stream);
+        default: GGML_ABORT("fatal error");
+    }
+}
+
+static int attn_decode_tc_dispatch(const ggml_type type_k, const ggml_type type_v, const attn_decode_params & p,
+        const bool launch, const dim3 grid, const size_t smem, cudaStream_t stream) {
+    switch (type_k) {
+        case GGML_TYPE_Q4_0: return attn_decode_tc_dispatch_v<GGML_TYPE_Q4_0>(type_v, p, launch, grid, smem, stream);
+        case GGML_TYPE_Q4_1: return attn_decode_tc_dispatch_v<GGML_TYPE_Q4_1>(type_v, p, launch, grid, smem, stream);
+        case GGML_TYPE_Q8_0: return attn_decode_tc_dispatch_v<GGML_TYPE_Q8_0>(type_v, p, launch, grid, smem, stream);
+        default: GGML_ABORT("fatal error");
+    }
+}
+#endif // GGML_USE_HIP
+
 bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_tensor * q, const ggml_tensor * kq,
         const ggml_tensor * softmax, ggml_tensor * kqv, const int hadamard_n, ggml_tensor * out, const int out_rot) {
     GGML_ASSERT(ggml_cuda_attn_decode_fused_supported(kq, softmax, kqv));
@@ -1147,7 +1243,33 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
 
     p.rbk = attn_decode_row_bytes(k->type, p.dk);
     p.rbv = attn_decode_row_bytes(v->type, p.dv);
-    attn_decode_plan(p, nstream, nsm, AD_SPLIT_BPSM, AD_SPLIT_MIN_TILES);
+    p.mask_f16 = mask && mask->type == GGML_TYPE_F16;
+    // k_attn_decode_tc where it exists: tiles of 16 columns, and splits for whole waves of the blocks per SM its
+    // resources allow
+    const int tc_nbuf = attn_decode_tc_nbuf(p.dk, p.dv, p.rbk, p.rbv);
+    size_t tc_smem = 0;
+    if (tc_nbuf > 0) {
+#ifndef GGML_USE_HIP
+        p.ntiles = (p.ncols + AD_TC_COLS - 1)/AD_TC_COLS;
+        tc_smem  = attn_decode_tc_smem(p.dk, p.dv, p.rbk, p.rbv, tc_nbuf);
+        static std::mutex                        tc_mutex;
+        static std::unordered_map<uint64_t, int> tc_bpsm;
+        const uint64_t key = ((uint64_t) k->type << 48) ^ ((uint64_t) v->type << 40) ^ ((uint64_t) p.dk << 28) ^
+            ((uint64_t) p.dv << 16) ^ ((uint64_t) id << 8) ^ (uint64_t) tc_nbuf;
+        int bpsm = 0;
+        {
+            std::lock_guard<std::mutex> lock(tc_mutex);
+            auto it = tc_bpsm.find(key);
+            if (it == tc_bpsm.end()) {
+                it = tc_bpsm.emplace(key, attn_decode_tc_dispatch(k->type, v->type, p, false, dim3(), tc_smem, nullptr)).first;
+            }
+            bpsm = it->second;
+        }
+        attn_decode_plan(p, nstream, nsm, bpsm, AD_SPLIT_MIN_TILES);
+#endif // GGML_USE_HIP
+    } else {
+        attn_decode_plan(p, nstream, nsm, AD_SPLIT_BPSM, AD_SPLIT_MIN_TILES);
+    }
     const int64_t nsplit = p.nsplit;
 
     p.q = (const char *) q->data;
@@ -1177,9 +1299,9 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
     p.gv = attn_decode_stage_geo(p.rbv, p.uv);
 
     const int    cg   = attn_decode_cg(p.ncols);
-    const bool   vmma = attn_decode_vmma(p.ncols, p.dk, p.dv, p.rbk, p.rbv);
-    p.nbuf            = attn_decode_nbuf(p.ncols, p.dk, p.dv, p.rbk, p.rbv, vmma);
-    const size_t smem = attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf, vmma);
+    const bool   vmma = tc_nbuf > 0 || attn_decode_vmma(p.ncols, p.dk, p.dv, p.rbk, p.rbv);
+    p.nbuf            = tc_nbuf > 0 ? tc_nbuf : attn_decode_nbuf(p.ncols, p.dk, p.dv, p.rbk, p.rbv, vmma);
+    const size_t smem = tc_nbuf > 0 ? tc_smem : attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf, vmma);
 
     ggml_cuda_pool_alloc<float>  part_o(ctx.pool());
     ggml_cuda_pool_alloc<float2> part_ml(ctx.pool());
@@ -1192,7 +1314,13 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
     }
 
     const dim3 grid((unsigned) nsplit, (unsigned) (p.n_head_kv*p.ntiles), (unsigned) nstream);
-    const bool mask_f16 = mask && mask->type == GGML_TYPE_F16;
+    const bool mask_f16 = p.mask_f16;
+#ifndef GGML_USE_HIP
+    if (tc_nbuf > 0) {
+        attn_decode_tc_dispatch(k->type, v->type, p, true, grid, smem, stream);
+        attn_decode_tc_count++;
+    } else
+#endif // GGML_USE_HIP
     switch (k->type) {
         case GGML_TYPE_Q4_0: attn_decode_switch_v<GGML_TYPE_Q4_0>(v->type, p, cg, mask_f16, vmma, grid, smem, stream); break;
         case GGML_TYPE_Q4_1: attn_decode_switch_v<GGML_TYPE_Q4_1>(v->type, p, cg, mask_f16, vmma, grid, smem, stream); break;

@@ -37,3 +37,6 @@ bool ggml_cuda_attn_decode_fused_tail_supported(const ggml_tensor * kqv, const g
 // tensor cores
 bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_tensor * q, const ggml_tensor * kq,
         const ggml_tensor * softmax, ggml_tensor * kqv, int hadamard_n, ggml_tensor * out = nullptr, int out_rot = 0);
+
+// how many times k_attn_decode_tc (both products on tensor cores) ran in this process
+int64_t ggml_cuda_attn_decode_tc_runs();

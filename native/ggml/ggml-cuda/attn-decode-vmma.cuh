@@ -38,14 +38,13 @@ static __device__ __forceinline__ void ad_bytes_h2(const unsigned x, half2 & h01
     h23 = ad_h2(__byte_perm(x, 0x64646464u, 0x4342));
 }
 
-// C'. this warp's 32-value block of d_v (block w of d_v 128 for warp w) for cells kb .. kb + 15 as f16 into
-// vw [16][AD_VWS] (cells past tn: 0): lane l takes cell kb + l%16 and half l/16 of the block's bytes. The integers
+// C'. a 32-value block of d_v (block vb; by default block w of d_v 128 for warp w) for cells kb .. kb + 15 as f16 into
+// vw [16][vws] (cells past tn: 0): lane l takes cell kb + l%16 and half l/16 of the block's bytes. The integers
 // become exact f16 (ad_bytes_h2, minus 1024 + the type's offset), then one rounding: * d (q4_0, q8_0) or * d + m
 // (q4_1), as FA's kernels dequantize to f16.
 template <ggml_type type_v>
 static __device__ __forceinline__ void ad_v_chunk_f16(const char * v_sh, const int rbv, const int kb, const int tn,
-        half * vw) {
-    const int warp = threadIdx.x / 32;
+        half * vw, const int vb = threadIdx.x / 32, const int vws = AD_VWS) {
     const int lane = threadIdx.x % 32;
     const int hb   = lane / 16;
     // the two 8-value runs this lane writes: q8_0 bytes 16hb .. 16hb + 15 are values 16hb .., q4 bytes 8hb .. 8hb + 7
@@ -55,7 +54,7 @@ static __device__ __forceinline__ void ad_v_chunk_f16(const char * v_sh, const i
     const int c  = kb + lane % 16;
     half2 h[8];
     if (c < tn) {
-        const char * blk = v_sh + c*rbv + warp*AD_BLOCK_BYTES(type_v);
+        const char * blk = v_sh + c*rbv + vb*AD_BLOCK_BYTES(type_v);
         if constexpr (type_v == GGML_TYPE_Q8_0) {
             const half2 d2  = __half2half2(*(const half *) blk);
             const half2 off = __float2half2_rn(1152.0f); // 1024 + 128: the bytes' sign bits flipped
@@ -102,8 +101,8 @@ static __device__ __forceinline__ void ad_v_chunk_f16(const char * v_sh, const i
             h[k] = __float2half2_rn(0.0f);
         }
     }
-    ggml_cuda_memcpy_1<16>(vw + (lane % 16)*AD_VWS + x0, h + 0);
-    ggml_cuda_memcpy_1<16>(vw + (lane % 16)*AD_VWS + x1, h + 4);
+    ggml_cuda_memcpy_1<16>(vw + (lane % 16)*vws + x0, h + 0);
+    ggml_cuda_memcpy_1<16>(vw + (lane % 16)*vws + x1, h + 4);
 }
 
 // C'. the tile's V^T P on tensor cores, after the accumulators are rescaled by the tile's factors: per step of
