@@ -1053,6 +1053,19 @@ static void llama_vq_test_cases_perf(std::vector<std::unique_ptr<test_case>> & t
             }
         }
     }
+    // the deep contexts the memory bound is measured at (benchmarks/decode_bandwidth.sh: bytes of K and V read per
+    // microsecond): 32K, 64K and 128K cells, both shapes, the product's q8_0 K / q4_1 V and the equal pairs, 1 and 4
+    // tokens; MiMo's sliding-window layers (8 KV heads, 768 cells: the window and a batch, padded)
+    for (int64_t n_kv : {32768, 65536, 131072}) {
+        for (int64_t n_tokens : {1, 4}) {
+            for (auto tkv : {std::make_pair(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1), std::make_pair(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0),
+                             std::make_pair(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0)}) {
+                test_cases.emplace_back(new test_attn_decode_fused(tkv.first, tkv.second, 128, 128, 32, 8, n_kv, n_tokens, false, 0, 1, GGML_TYPE_F32));
+                test_cases.emplace_back(new test_attn_decode_fused(tkv.first, tkv.second, 192, 128, 64, 4, n_kv, n_tokens, true, 0, 1, GGML_TYPE_F32));
+            }
+        }
+    }
+    test_cases.emplace_back(new test_attn_decode_fused(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 8, 768, 1, true, 0, 1, GGML_TYPE_F32));
 
     // non-FA attention V*softmax(KQ) at SmolLM2-135M shapes (d_v 64, 3 KV heads, GQA 3) for the CPU backend:
     // quantized row-major V through OUT_PROD against the f16 transposed V through MUL_MAT
