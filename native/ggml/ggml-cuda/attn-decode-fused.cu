@@ -964,19 +964,25 @@ static bool attn_decode_vmma(const int ncols, const int dk, const int dv, const 
 }
 
 // both products on tensor cores (k_attn_decode_tc): NVIDIA with mma.sync for the device (sm_80+), a d_k / d_v pair
-// it is compiled for, and its shared memory (two tile buffers where cp.async is there) within the device's;
-// LLAMA_VQ_CUDA_FUSED_ATTN_TC=0 keeps k_attn_decode (read once). Returns the tile buffers (0: not this form).
-static int attn_decode_tc_nbuf(const int dk, const int dv, const int rbk, const int rbv) {
+// it is compiled for, and its shared memory (two tile buffers where cp.async is there) within the device's. By
+// default only where it measured faster (H100, benchmarks/RESULTS.md "Decode attention's two forms"): more than 8
+// query columns in one tile of 16 (GQA 16 at one token: MiMo's full-attention layers) and at least 8192 cells; fewer
+// columns leave the m-tile mostly empty and short caches pay its higher fixed cost. LLAMA_VQ_CUDA_FUSED_ATTN_TC=0:
+// never, =1: wherever it is compiled (read once). Returns the tile buffers (0: not this form).
+static int attn_decode_tc_nbuf(const int dk, const int dv, const int rbk, const int rbv, const int ncols, const int n_kv) {
 #ifdef GGML_USE_HIP
-    GGML_UNUSED_VARS(dk, dv, rbk, rbv);
+    GGML_UNUSED_VARS(dk, dv, rbk, rbv, ncols, n_kv);
     return 0;
 #else
-    static const bool off = [] {
+    static const int mode = [] {
         const char * env = getenv("LLAMA_VQ_CUDA_FUSED_ATTN_TC");
-        return env && atoi(env) == 0;
+        return env ? atoi(env) : -1;
     }();
     const auto & di = ggml_cuda_info().devices[ggml_cuda_get_device()];
-    if (off || !ad_tc_shape(dk, dv) || !ampere_mma_available(di.cc)) {
+    if (mode == 0 || !ad_tc_shape(dk, dv) || !ampere_mma_available(di.cc)) {
+        return 0;
+    }
+    if (mode < 0 && (ncols <= 8 || ncols > AD_TC_COLS || n_kv < 8192)) {
         return 0;
     }
     if (cp_async_available(di.cc) && attn_decode_tc_smem(dk, dv, rbk, rbv, 2) <= di.smpbo) {
@@ -1072,7 +1078,7 @@ bool ggml_cuda_attn_decode_fused_auto(const ggml_tensor * kq, const ggml_tensor 
     const int ncols = (int) (q->ne[2]/k->ne[2]);
     const int rbk   = attn_decode_row_bytes(k->type, k->ne[0]);
     const int rbv   = attn_decode_row_bytes(v->type, v->ne[0]);
-    return attn_decode_tc_nbuf((int) k->ne[0], (int) v->ne[0], rbk, rbv) > 0 ||
+    return attn_decode_tc_nbuf((int) k->ne[0], (int) v->ne[0], rbk, rbv, ncols, (int) k->ne[1]) > 0 ||
         attn_decode_vmma(ncols, (int) k->ne[0], (int) v->ne[0], rbk, rbv);
 #endif
 }
@@ -1246,7 +1252,7 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
     p.mask_f16 = mask && mask->type == GGML_TYPE_F16;
     // k_attn_decode_tc where it exists: tiles of 16 columns, and splits for whole waves of the blocks per SM its
     // resources allow
-    const int tc_nbuf = attn_decode_tc_nbuf(p.dk, p.dv, p.rbk, p.rbv);
+    const int tc_nbuf = attn_decode_tc_nbuf(p.dk, p.dv, p.rbk, p.rbv, p.ncols, p.n_kv);
     size_t tc_smem = 0;
     if (tc_nbuf > 0) {
 #ifndef GGML_USE_HIP
