@@ -1,5 +1,5 @@
 """serve_bench.py's tables: one run's markdown (throughput rows and the side-by-side ratios, agent turns, latency),
-and the summary of several runs or rounds (--rounds, or several runs' throughput.json): medians per entry, the k-client /
+and the summary of several runs or rounds (--rounds, or several runs): medians per entry, the k-client /
 1-client ratio per run, entries' ratios runs paired."""
 
 from __future__ import annotations
