@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU-work benchmark of the MiMo deployment's shape (issue 34, item 2b): llama-vq-server against llama-server
+# The CPU-work benchmark of the MiMo deployment's shape: llama-vq-server against llama-server
 # built from the same tree, same flags, both up at once, in alternating rounds (benchmarks/serve_bench.py
 # throughput --rounds), with the routed experts in CPU memory (-ngl 999 -ot exps=CPU) and -t = every core:
 # tok/s per client count, the ratio ours / llama-server (median of the rounds' paired ratios), and each server's

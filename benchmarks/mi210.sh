@@ -30,7 +30,7 @@
 #   64), DEPTHS_8B (0,8192,32768), DEPTHS_MIMO (0,65536), PAIRS_8B ("f16,f16 q4_0,q4_0 q8_0,q8_0": K,V pairs, f16
 #   first), PAIRS_MIMO ("f16,f16 q4_0,q4_0 q8_0,q4_1"), KL_MODEL, KL_CHUNKS (8), STEPS ("2 3 4 6"), DEADLINE (s after
 #   the start after which no further benchmark starts; default none).
-# Tried on an NVIDIA GPU with the HIP path's settings (issue 26 item 6), so that the first MI210 run does not fail on a
+# Tried on an NVIDIA GPU with the HIP path's settings, so that the first MI210 run does not fail on a
 # typo: PROXY=cuda BIN=<folder with llama-bench, test-backend-ops, llama-perplexity> bash benchmarks/mi210.sh OUT
 #   (no build; CUDA0 in place of ROCm0; LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 (the f32 V*P, HIP's
 #   form) LLAMA_VQ_CUDA_FORCE_F16_GEMM=1 (HIP's only prefill branch) LLAMA_VQ_CUDA_OUT_PROD_MMA=0 (HIP has no tensor-core

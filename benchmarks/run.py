@@ -280,7 +280,7 @@ def _tools(a: argparse.Namespace, out: Path) -> Path:
 
 
 def _gguf_py_env(a: argparse.Namespace) -> None:
-    """The synthetic-model generator's gguf-py: the one beside an exported tree (carry.py's layout) when given."""
+    """The synthetic-model generator's gguf-py: the one beside an exported tree (gpu_carry.py's layout) when given."""
     if a.src and not os.environ.get("LLAMA_VQ_GGUF_PY") and (a.src / "gguf-py").is_dir():
         os.environ["LLAMA_VQ_GGUF_PY"] = str(a.src / "gguf-py")
     gguf_py = a.src.parent / "gguf-py" if a.src else None

@@ -31,7 +31,7 @@ user message, as agent clients send it. Reports cached_tokens / prompt_tokens pe
 --restart-at.. run after a restart of the server with --state-dir.
 
 Writes throughput.json / agent.json / latency.json and the .md of each into --out. The GPU machine runs the same
-commands with --extra '-ngl 999' (and a GPU-built llama-server): benchmarks/serve_device.sh, and
+commands with --extra '-ngl 999' (and a GPU-built llama-server): `benchmarks/gpu.sh serving`, and
 benchmarks/cpu_experts.sh for the MiMo shape with its routed experts on the CPU.
 """
 
@@ -476,7 +476,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--wait-quiet", type=float, default=0, metavar="S",
                    help="a shared machine: before each client count of a round, wait up to S s for the other "
                    "processes to use at most 3 %% of the CPUs (the rows still record what they used)")
-    m = sub.add_parser("summary", help="medians over several throughput runs (serve_device.sh MATRIX)")
+    m = sub.add_parser("summary", help="medians over several throughput runs")
     m.add_argument("files", nargs="+", type=Path, help="throughput.json files (one per run) or matrix.json files")
     m.add_argument("--ratio-clients", type=int, default=4)
     la = sub.choices["latency"]
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "summary":
         runs: list[dict[str, Any]] = []
-        for f in args.files:  # a throughput.json, or serve_device.sh's matrix.json (a list of them)
+        for f in args.files:  # a throughput.json, or a list of them in one file
             d = json.loads(f.read_text())
             runs += d if isinstance(d, list) else [d]
         print(summary(runs, args.ratio_clients))

@@ -10,11 +10,15 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from proc_threads import thread_counters  # noqa: E402  (tools/proc_threads.py: also the server threads' test)
 
 # llama-vq-server as a module of the installed package: the one place that names it
 SERVER_MODULE = "llama_vq.server.cli"
@@ -123,20 +127,6 @@ class Server:
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def thread_counters(pid: int) -> dict[str, tuple[int, int]]:
-    """Per thread of pid: (utime + stime in clock ticks, voluntary_ctxt_switches), from /proc/PID/task/*."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            status = (task / "status").read_text().splitlines()
-        except OSError:  # the thread ended meanwhile
-            continue
-        vcsw = next(int(ln.split()[1]) for ln in status if ln.startswith("voluntary_ctxt_switches"))
-        out[task.name] = (int(fields[11]) + int(fields[12]), vcsw)
-    return out
 
 
 def compute_threads(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], n: int,

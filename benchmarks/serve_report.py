@@ -1,5 +1,5 @@
 """serve_bench.py's tables: one run's markdown (throughput rows and the side-by-side ratios, agent turns, latency),
-and the summary of several runs or rounds (serve_device.sh MATRIX, --rounds): medians per entry, the k-client /
+and the summary of several runs or rounds (--rounds, or several runs): medians per entry, the k-client /
 1-client ratio per run, entries' ratios runs paired."""
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def summary(runs: list[dict[str, Any]], k: int) -> str:
     """Per label: tok/s at each client count in every run (each round of a run counts as a run) and their median,
     with the median switches per token and busy share of its compute threads; the k-client / 1-client ratio of each
     run and its median; and per other label, the median of (this label / that label) at each client count, runs
-    paired in order (the rounds of a run, and serve_device.sh's MATRIX, interleave them, so pairs ran close)."""
+    paired in order (the rounds of a run interleave them, so pairs ran close)."""
     runs = [one for res in runs for one in split_rounds(res)]
     by: dict[str, list[dict[int, dict[str, Any]]]] = {}
     for res in runs:

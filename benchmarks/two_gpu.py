@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Two GPUs of one host (issue 31): the MiMo-shaped model split by layers (-sm layer -ts 1,1) with a quantized V and
+"""Two GPUs of one host: the MiMo-shaped model split by layers (-sm layer -ts 1,1) with a quantized V and
 flash attention off, against one GPU (-sm none). Builds nothing: the tools and the model are given.
 
     BIN=<tools> MODEL=<synth-mimo.gguf> OUT=<dir> [PY=<python with the server's packages>] \\
@@ -7,7 +7,8 @@ flash attention off, against one GPU (-sm none). Builds nothing: the tools and t
 
 BIN holds llama-bench and, when present, llama-server (else the runs go through llama-vq-server under PY) and
 ggml-rpc-server (--rpc). PY runs llama-vq-server from this checkout (PYTHONPATH, llama_vq/lib built); default: /tmp/py
-(benchmarks/pack_python.py's archive, unpacked from PYPACK when missing), else this interpreter.
+(the server's Python that `benchmarks/gpu.sh carry --python` packs, unpacked from PYPACK when missing), else this
+interpreter.
 
 Parts, in this order; a run not started within --deadline seconds is reported as not run:
   floor   the f16 cache with flash attention on and off, one device: the floor of greedy agreement (decision 8)
@@ -405,7 +406,7 @@ def _python(a: argparse.Namespace) -> str:
     if a.py:
         return a.py
     packed = Path("/tmp/py/bin/python3")
-    pack = Path(os.environ.get("PYPACK", REPO / ".bench-py.tar.xz"))
+    pack = Path(os.environ.get("PYPACK", REPO / ".gpu-carry" / "py.tar.xz"))
     if not packed.exists() and pack.exists():
         with tarfile.open(pack) as t:
             t.extractall("/tmp")

@@ -1,4 +1,4 @@
-"""benchmarks/two_gpu.py's server part: llama-vq-server on the layer split (issue 31 item 2).
+"""benchmarks/two_gpu.py's server part: llama-vq-server on the layer split.
 
 A chat and a streamed completion; a prompt in slot 0, asked twice (processed whole, then reused from the slot), saved
 at the drain (SIGTERM) into --state-dir and restored at the next start with the same split, where the same request

@@ -14,7 +14,7 @@
 #                                #   backend (LLAMA_VQ_BACKEND_DL=ON scripts/build.sh wheel, as CI's gfx90a build and
 #                                #   the ROCm image make it), the backend's module as its own wheel, auditwheel-repaired
 #
-# LLAMA_VQ_PATCHED_SRC: build from that exported patched tree (tools/patches.py export, benchmarks/carry.py) instead of
+# LLAMA_VQ_PATCHED_SRC: build from that exported patched tree (tools/patches.py export, benchmarks/gpu_carry.py) instead of
 # fetching the pinned source, for a machine without a package index; vendor/llama_cpp_python must be there.
 #
 # `pip install "llama-vq[hip]" --find-links DIR` then installs the base wheel and the HIP one, no compiler needed.

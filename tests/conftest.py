@@ -56,14 +56,14 @@ def mimo_path(tmp_path_factory, smollm2_path) -> Path:
 @pytest.fixture(scope="session")
 def llama_server_bin(llama_vq) -> Path:
     """llama.cpp's own llama-server from the same patched tree and flags as the installed llama-vq
-    (`benchmarks/serve_bench.py build --llama-vq`: our CMake project's llama-server target in build/server-bench,
+    (`tools/llama_server.py`: our CMake project's llama-server target in build/server-bench,
     nice'd; every object it shares with the pip build is a ccache hit, so a rebuild takes seconds, a first build
     on a fresh 2-core machine a few minutes)."""
     import json
     import subprocess
 
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "build", "--llama-vq"],
+        [sys.executable, str(ROOT / "tools" / "llama_server.py")],
         capture_output=True,
         text=True,
         timeout=3600,

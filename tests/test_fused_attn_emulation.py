@@ -9,7 +9,7 @@ softmax (running max, rescale factor, -inf cells and fully masked tiles/splits),
 the cells and summed in a fixed order, then either the one-split normalization with the sink or the partial
 (m, l, o) per split and the combine kernel. It is compared with a float64 softmax(scale*K.Q + mask, sinks)*V
 reference. What it does not check: the CUDA code itself (thread mapping, shared-memory races, shuffles);
-those are only compiled here (HIP gfx90a) and run by benchmarks/investigations/fused_attn_check.sh on a GPU.
+those are only compiled here (HIP gfx90a) and run by test-backend-ops on a GPU (`benchmarks/gpu.sh op-tests`).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from server_support import running
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from serve_process import thread_counters  # noqa: E402  (the per-thread counters serve_bench.py reports)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from proc_threads import thread_counters  # noqa: E402  (the per-thread counters serve_bench.py reports)
 
 N_PREDICT = 128
 CACHE = ["-ctk", "q8_0", "-ctv", "q4_0", "-fa", "off"]  # the deployment's non-FA quantized cache

@@ -191,15 +191,48 @@ def test_accepted_mtp_drafts_on_a_q4_0_v_cache_keep_the_greedy_tokens(mimo_mtp_e
 NGRAM_FLAGS = ("-np", "1")
 NGRAM_SPEC = ("--spec-type", "ngram-simple", "--spec-draft-n-max", "32")
 
+# a code edit whose answer repeats the prompt's code, the case n-gram self-speculation drafts well (the same task as
+# benchmarks/spec_replay.py's second edit, on the class up to its get(): ~200 tokens to repeat)
+EDIT_CODE = '''\
+import time
+from collections import OrderedDict
+
+
+class LRUCache:
+    """A least-recently-used cache with an optional time-to-live per entry."""
+
+    def __init__(self, capacity=128, ttl=None):
+        self.capacity = capacity
+        self.ttl = ttl
+        self._data = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key, default=None):
+        item = self._data.get(key)
+        if item is None:
+            self.misses += 1
+            return default
+        value, stamp = item
+        if self.ttl is not None and time.monotonic() - stamp > self.ttl:
+            del self._data[key]
+            self.misses += 1
+            return default
+        self._data.move_to_end(key)
+        self.hits += 1
+        return value
+
+'''
+EDIT_SYSTEM = "You are a careful coding assistant. You edit code exactly as asked and change nothing else."
+EDIT_ASK = (
+    "Change the default capacity from 128 to 256."
+    " Reply with the complete updated file in one ```python code block and nothing else.\n\n```python\n"
+)
+
 
 def _edit_request(url: str, logprobs: bool = False) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from spec_prompts import CODE, EDITS, messages
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    code = CODE[: CODE.index("    def put")]  # the class up to its get(): ~200 tokens to repeat
-    body: dict[str, Any] = {"messages": messages(EDITS[1], code), "temperature": 0.0, "max_tokens": 400, "seed": 0}
+    chat = [{"role": "system", "content": EDIT_SYSTEM}, {"role": "user", "content": EDIT_ASK + EDIT_CODE + "```"}]
+    body: dict[str, Any] = {"messages": chat, "temperature": 0.0, "max_tokens": 400, "seed": 0}
     if logprobs:
         body.update(logprobs=True, top_logprobs=2)
     r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)

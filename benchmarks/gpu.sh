@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# The measurements only a GPU can make, on a lent NVIDIA machine (CUDA, sm_90) that cannot fetch anything, each
+# in one call of at most 10 minutes. The machine stays up between calls: a measurement after `build` finds its
+# products in /tmp (BUILD, MODEL_DIR).
+#
+# Here, once (the vendored tree must be there: scripts/run.sh setup):
+#   bash benchmarks/gpu.sh carry [--python] [--wheels]   # .gpu-carry (git-ignored): the patched tree, gguf-py and a
+#                                                        # vocab (~30 MB); --python adds the server's Python (~25 MB),
+#                                                        # --wheels a wheelhouse (benchmarks/gpu_carry.py says more)
+# There, with .gpu-carry carried beside the working tree:
+#   OUT=<dir> bash benchmarks/gpu.sh MEASUREMENT
+#
+# MEASUREMENT        what it measures (everything it prints goes to $OUT/MEASUREMENT.txt too)
+#   build            builds our CMake project for CUDA sm_90 from the carried tree in BUILD (libraries, llama-server,
+#                    llama-bench, test-backend-ops, llama-perplexity...; TARGETS narrows it), with flash attention's
+#                    kernels (CUDA_FA=ON, the default; OFF builds faster and suits measurements without flash
+#                    attention), and generates the synthetic models (MODELS) in /tmp/models, both in the background;
+#                    waits up to WAIT s (540): call it again until it says "built"
+#   rebuild          brings a warm machine's build up to date after a change (TARGETS: ggml-cuda llama-bench
+#                    test-backend-ops)
+#   op-tests         test-backend-ops on CUDA0 against the CPU: our attention ops (ATTN_SPLIT, ATTN_DECODE_FUSED,
+#                    OUT_PROD, the fusions counted), then every op of ours as benchmarks/mi210.sh's step 2 runs them,
+#                    with NVIDIA's defaults and with the HIP path's settings
+#   attention-modes  the attention modes (split non-FA, prefill, flash attention, unbounded) side by side with
+#                    benchmarks/attn_modes.py: the 8B shape (q4_0/q4_0) at 0/8K/32K, the MiMo shape (q8_0/q4_1) at
+#                    0/64K with the compute buffers at 128K (SHAPES: "llama8b mimo"); HIP_SETTINGS=1 runs them under
+#                    the HIP path's settings (an NVIDIA GPU configured as HIP; not a gfx90a result)
+#   split-vs-unbounded  the split non-FA attention against the unbounded graph on the MiMo shape at 0/64K with the
+#                    compute buffers at 128K, and the split's cost per chunk: the 8B shape's pp512 at 8K under
+#                    scratch budgets of 512 (unsplit), 256, 128 and 64 MiB
+#   fidelity         the attention modes' greedy text and logits on the GPU (benchmarks/attn_fidelity.py --gpu, tiny
+#                    Llama and MiMo shapes; needs --python's carry)
+#   cache-types      every cache type's tok/s against f16 at depth, FA off and on (benchmarks/run.py's matrix with its
+#                    own llama-bench build; CUDA_FA=off by default here, then FA-on configs are reported as skipped;
+#                    DEADLINE s, 400)
+#   serving          llama-vq-server against llama-server from this build, same flags, both up at once, in
+#                    alternating rounds (medians): MiMo attention shape on the GPU, q8_0 K / q4_0 V, FA off, -np 8,
+#                    CLIENTS 1,4,8, ROUNDS 3 (benchmarks/serve_bench.py throughput; needs --python's carry)
+#   cpu-experts      the deployment's shape: the MiMo-shaped MoE with its experts in CPU memory, -t = every core,
+#                    llama-vq-server against llama-server (benchmarks/cpu_experts.sh; needs --python's carry)
+#   two-gpu          MiMo's layer split over two GPUs of one host against one GPU (benchmarks/two_gpu.py; needs both
+#                    GPUs visible and --python's carry)
+#   wheels-build     the base wheel and the CUDA one (sm_90) built by scripts/wheels.sh from the carried tree, pip
+#                    offline on the carried wheelhouse (--wheels; carry vendor/llama_cpp_python too), in the
+#                    background; WHEEL_KINDS ("cpu cuda"), WAIT (540)
+#   wheels-install   those wheels installed as users install them (pip install "llama-vq[cuda]", WHEEL_EXTRA; or
+#                    WHEEL_DIST: wheels built elsewhere), then which backend modules loaded, a model on the GPU through
+#                    llama_vq.Llama and llama-vq-server from the installed wheel answering a chat
+#   wheels-attention-modes  pp512 of the attention modes on the installed wheels' libraries (WHEEL_TOOLS: a folder
+#                    with llama-bench built against them): MiMo shape at 64K, 8B shape at 32K
+# Env: CARRY (.gpu-carry), BUILD (/tmp/gpu-build), MODEL_DIR (/tmp/models), REPS (2), WHEEL_PY (python3).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|rebuild|op-tests|attention-modes|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
+shift
+C=${CARRY:-$here/.gpu-carry}
+if [ "$measurement" = carry ]; then
+    py=$here/.venv/bin/python
+    [ -x "$py" ] || py=python3
+    exec "$py" "$here/benchmarks/gpu_carry.py" "$C" "$@"
+fi
+: "${OUT:?set OUT to the results folder}"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+# one GPU unless the measurement needs two: on a machine with several, llama-bench would split the layers
+if [ "$measurement" = two-gpu ]; then
+    export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
+else
+    export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+fi
+export LLAMA_VQ_GGUF_PY=$C/gguf-py PYTHONUNBUFFERED=1
+[ -d /usr/local/cuda/bin ] && export PATH=/usr/local/cuda/bin:$PATH
+M=${MODEL_DIR:-/tmp/models}
+B=${BUILD:-/tmp/gpu-build}
+bin=$B/bin
+mkdir -p "$M"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader \
+    | tee "$OUT/$measurement.txt"
+t0=$(date +%s)
+log() { echo "[$measurement $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/$measurement.txt"; }
+late() { [ $(( $(date +%s) - t0 )) -gt "$1" ]; }
+
+# gen NAME SYNTH-ARGS...: $M/synth-NAME.gguf in the background, written under a temporary name and renamed when
+# complete; started in its own session, so it survives the call that started it
+gen() {
+    local name=$1; shift
+    [ -f "$M/synth-$name.gguf" ] && return 0
+    pgrep -f "tmp-$name.gguf" > /dev/null && return 0
+    setsid bash -c "nice -n 5 python3 '$here/tools/synth_models.py' $* '$M/tmp-$name.gguf' --tokenizer-from '$C/vocab.gguf' \
+        > '$M/gen-$name.log' 2>&1 && mv '$M/tmp-$name.gguf' '$M/synth-$name.gguf'" < /dev/null > /dev/null 2>&1 &
+}
+
+# model NAME: gen's model NAME (llama8b, mimo, mimo-tiny, llama-tiny, cpu-moe), $M/synth-NAME.gguf, started if
+# needed and waited for; its generator's log and exit 1 if the generator died
+model() {
+    case "$1" in
+        llama8b) gen llama8b llama --preset llama-3.1-8b ;;
+        mimo) gen mimo mimo --preset attn ;;
+        mimo-tiny) gen mimo-tiny mimo --preset tiny ;;
+        llama-tiny) gen llama-tiny llama --preset tiny ;;
+        cpu-moe) gen cpu-moe mimo --preset cpu-moe ;;
+        *) echo "no synthetic model $1" >&2; exit 2 ;;
+    esac
+    while [ ! -f "$M/synth-$1.gguf" ]; do
+        if ! pgrep -f "tmp-$1.gguf" > /dev/null && [ ! -f "$M/synth-$1.gguf" ]; then cat "$M/gen-$1.log"; exit 1; fi
+        sleep 2
+    done
+}
+
+# the server's Python (packed by `carry --python`: the machine's own lacks the server's packages) unpacked into
+# /tmp/py, with the checkout's llama_vq on PYTHONPATH; sets PY (the machine's python3 when nothing was packed)
+use_python() {
+    export PYTHONPATH=$here
+    if [ ! -x /tmp/py/bin/python3 ] && [ ! -f "$C/py.tar.xz" ]; then
+        PY=$(command -v python3); log "no $C/py.tar.xz: the machine's $PY (the server's packages missing)"; return
+    fi
+    [ -x /tmp/py/bin/python3 ] || tar xJf "$C/py.tar.xz" -C /tmp || exit 1
+    PY=/tmp/py/bin/python3
+    export LD_LIBRARY_PATH=/tmp/py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+
+built() { [ -f "$B/.done" ]; }
+need_build() { built || { log "not built (bash benchmarks/gpu.sh build first)"; tail -5 "$B.log" 2>/dev/null; exit 1; }; }
+
+# ops_summary LOG: the pass/fail lines of a test-backend-ops log, counted
+ops_summary() { grep -E 'tests passed|FAIL' "$1" | sort | uniq -c | head -3 | tr '\n' ' '; }
+
+# the HIP path's settings on an NVIDIA GPU (benchmarks/mi210.sh's PROXY=cuda): the fused attention without its MMA
+# form, the F16 GEMM branch, no tensor-core V*P, no programmatic dependent launch
+HIP_ENV=(LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1
+    LLAMA_VQ_CUDA_OUT_PROD_MMA=0 GGML_CUDA_PDL=0)
+
+# attn_modes MODEL LABEL ARG...: benchmarks/attn_modes.py on this build's tools, its lines into the log
+attn_modes() {
+    local model=$1 label=$2; shift 2
+    python3 "$here/benchmarks/attn_modes.py" --bin "$bin" --model "$model" --label "$label" --out "$OUT" "$@" 2>&1 \
+        | tee -a "$OUT/$measurement.txt"
+}
+
+case "$measurement" in
+build)
+    nproc
+    for m in ${MODELS:-llama8b mimo mimo-tiny llama-tiny cpu-moe}; do  # MODELS: the synthetic models to generate
+        case "$m" in
+            llama8b) gen llama8b llama --preset llama-3.1-8b ;;
+            mimo) gen mimo mimo --preset attn ;;
+            mimo-tiny) gen mimo-tiny mimo --preset tiny ;;
+            llama-tiny) gen llama-tiny llama --preset tiny ;;
+            cpu-moe) gen cpu-moe mimo --preset cpu-moe ;;
+        esac
+    done
+    if ! built && ! pgrep -f "cmake --build $B" > /dev/null && ! pgrep -f "cmake -S $here" > /dev/null; then
+        use_python
+        setsid bash -c "
+            cmake -S '$here' -B '$B' -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_VQ_PATCHED_SRC='$C/llama.cpp' \
+                -DLLAMA_VQ_BACKEND=cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=${CUDA_FA:-ON} \
+                -DLLAMA_VQ_BUILD_TOOLS=ON -DPython3_EXECUTABLE='$PY' > '$B.log' 2>&1 &&
+            cmake --build '$B' -j $(nproc) --target ${TARGETS:-llama ggml ggml-base ggml-cpu ggml-cuda ggml-rpc llama-common \
+                llama-vq-chat llama-vq-server mtmd llama-bench llama-perplexity test-backend-ops ggml-rpc-server \
+                llama-server llama-completion} >> '$B.log' 2>&1 &&
+            mkdir -p '$here/llama_vq/lib' && find '$B' -name 'lib*.so' -not -path '*/CMakeFiles/*' \
+                -exec cp -L {} '$here/llama_vq/lib/' ';' && cp '$B/_build_config.json' '$here/llama_vq/' &&
+            touch '$B/.done'" < /dev/null > /dev/null 2>&1 &
+        sleep 5
+    fi
+    while ! built && ! late "${WAIT:-540}"; do
+        if ! pgrep -f "cmake --build $B" > /dev/null && ! pgrep -f "cmake -S $here" > /dev/null && ! built; then
+            log "build failed"; tail -30 "$B.log"; cp "$B.log" "$OUT/build.log"; exit 1
+        fi
+        sleep 5
+    done
+    if built; then log "built"; else log "still building ($(grep -c '^\[' "$B.log") steps logged): call build again"; fi
+    tail -2 "$B.log"; ls "$M"
+    ;;
+rebuild)
+    # the carry's files are all new to the build, so this recompiles what they feed (minutes for ggml-cuda)
+    [ -f "$B/build.ninja" ] || { log "no build to update (build first)"; exit 1; }
+    use_python
+    rm -f "$B/.done"
+    # shellcheck disable=SC2086  # TARGETS: several CMake targets
+    cmake --build "$B" -j "$(nproc)" --target ${TARGETS:-ggml-cuda llama-bench test-backend-ops} > "$B.log" 2>&1 \
+        && find "$B" -name 'lib*.so' -not -path '*/CMakeFiles/*' -exec cp -L {} "$here/llama_vq/lib/" ';' \
+        && touch "$B/.done" && log "rebuilt" || { log "rebuild failed"; tail -20 "$B.log"; exit 1; }
+    ;;
+op-tests)
+    need_build
+    log "test-backend-ops on CUDA0 against the CPU: the split attention, the fused decode attention, OUT_PROD"
+    for op in ATTN_SPLIT ATTN_DECODE_FUSED OUT_PROD; do
+        LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 240 "$bin/test-backend-ops" test -b CUDA0 -o "$op" > "$OUT/tbo-$op.log" 2>&1
+        log "$op: rc $? $(ops_summary "$OUT/tbo-$op.log")"
+    done
+    # every op of ours (benchmarks/mi210.sh step 2), NVIDIA's default and the HIP path's settings, with proof that
+    # each fused kernel ran
+    for hip in 0 1; do
+        PROXY=cuda HIP_PATH=$hip BIN=$bin STEPS=2 VOCAB=$C/vocab.gguf bash "$here/benchmarks/mi210.sh" "$OUT/ops-hip$hip" \
+            2>&1 | grep -E "^\[|tests passed|FAIL|ran|never" | tee -a "$OUT/$measurement.txt"
+    done
+    ;;
+attention-modes)
+    need_build
+    envs=()
+    if [ "${HIP_SETTINGS:-0}" = 1 ]; then
+        log "the HIP path's settings: an NVIDIA GPU configured as HIP runs them, not a gfx90a result"
+        for e in "${HIP_ENV[@]}"; do envs+=(--env "$e"); done
+    fi
+    tag=$([ "${HIP_SETTINGS:-0}" = 1 ] && echo -hip-settings)
+    for shape in ${SHAPES:-llama8b mimo}; do
+        case "$shape" in
+            llama8b) model llama8b; attn_modes "$M/synth-llama8b.gguf" "8b$tag" --ctk q4_0 --ctv q4_0 --depths 0,8192,32768 \
+                --reps "${REPS:-2}" ${envs[@]+"${envs[@]}"} ;;
+            mimo) model mimo; attn_modes "$M/synth-mimo.gguf" "mimo$tag" --ctk q8_0 --ctv q4_1 --depths 0,65536 --reps 1 \
+                --buffers 131072 ${envs[@]+"${envs[@]}"} ;;
+            *) log "SHAPES: llama8b, mimo (not $shape)"; exit 2 ;;
+        esac
+    done
+    ;;
+split-vs-unbounded)
+    need_build
+    model mimo
+    attn_modes "$M/synth-mimo.gguf" mimo-split --ctk q8_0 --ctv q4_1 --depths 0,65536 --modes off,unbounded,prefill \
+        --reps 1 --buffers 131072 --buffer-modes off,prefill,on
+    model llama8b
+    log "the split's cost: 8B shape at 8K, pp512 without flash attention, budgets 512 (unsplit), 256, 128, 64 MiB"
+    for mib in 512 256 128 64; do
+        LLAMA_VQ_ATTN_SCRATCH_MIB=$mib "$bin/llama-bench" -m "$M/synth-llama8b.gguf" -ngl 99 -fa off -ctk q4_0 -ctv q4_0 \
+            -d 8192 -p 512 -n 0 -r 1 -o jsonl 2>/dev/null | python3 -c "import json,sys
+for l in sys.stdin: r=json.loads(l); print('scratch $mib MiB: pp512 @ d8192', round(r['avg_ts'], 1))" \
+            | tee -a "$OUT/$measurement.txt"
+    done
+    ;;
+fidelity)
+    need_build
+    model llama-tiny
+    model mimo-tiny
+    use_python
+    "$PY" "$here/benchmarks/attn_fidelity.py" --gpu --model "llama-tiny=$M/synth-llama-tiny.gguf" \
+        --model "mimo-tiny=$M/synth-mimo-tiny.gguf" 2>&1 \
+        | tee -a "$OUT/$measurement.txt"
+    ;;
+cache-types)
+    # its own build of llama-bench (FA kernels off by default: ~200 s instead of twice that) and its own models
+    python3 "$here/benchmarks/run.py" --backend cuda --src "$C/llama.cpp" --build-dir /tmp/bench-build \
+        --jobs "$(nproc)" --targets llama-bench --cuda-fa "${CUDA_FA:-off}" --tokenizer-from "$C/vocab.gguf" \
+        --model-dir "$M" --out "$OUT" --pack-logs --deadline "${DEADLINE:-400}" --timeout "${CONFIG_TIMEOUT:-90}" "$@" \
+        2>&1 | tee -a "$OUT/$measurement.txt"
+    ;;
+serving)
+    need_build
+    model mimo
+    use_python
+    python3 "$here/benchmarks/serve_bench.py" throughput --model "$M/synth-mimo.gguf" --python "$PY" \
+        --llama-server "$bin/llama-server" --extra "-ngl 999" --threads "${THREADS:-8}" --ctk q8_0 --ctv q4_0 --fa off \
+        --clients "${CLIENTS:-1,4,8}" --requests "${REQUESTS:-4}" --max-tokens "${MAX_TOKENS:-128}" \
+        --rounds "${ROUNDS:-3}" --request-timeout 60 --out /tmp/serving 2>&1 | tee -a "$OUT/$measurement.txt"
+    cp /tmp/serving/throughput.json /tmp/serving/throughput.md "$OUT/" 2>/dev/null
+    for f in /tmp/serving/*.log; do [ -f "$f" ] && tail -c 60000 "$f" > "$OUT/serving-$(basename "$f")"; done
+    ;;
+cpu-experts)
+    need_build
+    model cpu-moe
+    use_python
+    OUT=$OUT/cpu-experts BIN=$bin PY=$PY BENCH_PY=python3 MODEL="$M/synth-cpu-moe.gguf" CLIENTS=${CLIENTS:-1,4,8} \
+        ROUNDS=${ROUNDS:-3} bash "$here/benchmarks/cpu_experts.sh" 2>&1 | tail -40 | tee -a "$OUT/$measurement.txt"
+    ;;
+two-gpu)
+    need_build
+    model mimo
+    use_python
+    nvidia-smi -L
+    BIN=$bin MODEL="$M/synth-mimo.gguf" PY=$PY DEADLINE=${DEADLINE:-250} python3 "$here/benchmarks/two_gpu.py" 2>&1 \
+        | tail -60 | tee -a "$OUT/$measurement.txt"
+    ;;
+wheels-build)
+    WPY=${WHEEL_PY:-python3}
+    WH=$C/wheelhouse
+    if [ ! -d "$WH" ] || [ ! -f "$here/vendor/llama_cpp_python/llama_cpp/llama_cpp.py" ]; then
+        log "carry .gpu-carry with --wheels, and vendor/llama_cpp_python"; exit 1
+    fi
+    gen llama-tiny llama --preset tiny
+    mkdir -p /tmp/dist
+    if [ ! -f /tmp/dist/.done ] && ! pgrep -f "scripts/wheels.sh" > /dev/null; then
+        rm -f /tmp/dist/.failed
+        setsid bash -c "cd '$here' && export PIP_NO_INDEX=1 PIP_FIND_LINKS='$WH' \
+            LLAMA_VQ_PATCHED_SRC='$C/llama.cpp' CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) CMAKE_CUDA_ARCHITECTURES=90 \
+            PYTHON='$WPY'; ok=1; for k in ${WHEEL_KINDS:-cpu cuda}; do
+            bash scripts/wheels.sh \$k /tmp/dist > /tmp/wheel-\$k.log 2>&1 || { ok=0; break; }; done
+            [ \$ok = 1 ] && touch /tmp/dist/.done || touch /tmp/dist/.failed" < /dev/null > /dev/null 2>&1 &
+    fi
+    while [ ! -f /tmp/dist/.done ] && [ ! -f /tmp/dist/.failed ] && ! late "${WAIT:-540}"; do sleep 5; done
+    for k in cpu cuda; do [ -f /tmp/wheel-$k.log ] && tail -c 3000 /tmp/wheel-$k.log > "$OUT/wheel-$k.log"; done
+    log "wheels: $(ls /tmp/dist 2>/dev/null | tr '\n' ' ')$([ -f /tmp/dist/.failed ] && echo FAILED)"
+    ;;
+wheels-install)
+    WPY=${WHEEL_PY:-python3}
+    dist=${WHEEL_DIST:-/tmp/dist}  # WHEEL_DIST: wheels built elsewhere and carried
+    [ -f "$dist/.done" ] || [ -n "${WHEEL_DIST:-}" ] || { log "no wheels (wheels-build first)"; exit 1; }
+    model llama-tiny
+    tiny=$M/synth-llama-tiny.gguf
+    spec="llama-vq${WHEEL_EXTRA-[cuda]}"  # WHEEL_EXTRA= (empty): the base wheel alone
+    PIP_NO_INDEX=1 "$WPY" -m pip install --find-links "$dist" --find-links "$C/wheelhouse" "$spec" \
+        > "$OUT/wheeltest-pip.log" 2>&1
+    log "pip install $spec: rc $? $(grep -E '^Successfully installed' "$OUT/wheeltest-pip.log" | tr -s ' ' | cut -c1-300)"
+    mkdir -p /tmp/away && cd /tmp/away || exit 1
+    env -u PYTHONPATH "$WPY" - "$tiny" > "$OUT/wheeltest-llama.log" 2>&1 <<'PY'
+import sys
+import llama_vq
+from llama_vq import Llama, _backends
+
+print("llama_vq from", llama_vq.__file__)
+st = _backends.load()
+print("modules:", st.modules, "notes:", llama_vq.build_info().backend_notes)
+for tv in ("f16", "q4_0"):
+    llm = Llama(sys.argv[1], n_gpu_layers=99, n_ctx=512, type_k=tv, type_v=tv, flash_attn=False, verbose=True)
+    out = llm.create_completion("Once upon a time", max_tokens=8, temperature=0)
+    print(f"completion (type_v={tv}):", repr(out["choices"][0]["text"]), out["usage"])
+    del llm
+PY
+    log "llama_vq.Llama: rc $? $(grep -E '^modules:|^completion|offloaded' "$OUT/wheeltest-llama.log" | tr '\n' ' ' | cut -c1-600)"
+    if [ -n "${WHEEL_EXTRA-[cuda]}" ] && ! grep -q "^modules:.*libggml-cuda.so" "$OUT/wheeltest-llama.log"; then
+        log "FAILED: libggml-cuda.so did not load (the notes above say why); the model ran on the CPU"; exit 1
+    fi
+    srvbin=$(env -u PYTHONPATH "$WPY" -c 'import os, sys; print(os.path.join(os.path.dirname(sys.executable), "llama-vq-server"))')
+    env -u PYTHONPATH "$srvbin" --model "$tiny" -ngl 99 -ctk q4_0 -ctv q4_0 -fa off --port 8391 \
+        > "$OUT/wheeltest-server.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 120); do curl -sf http://127.0.0.1:8391/health > /dev/null && break; sleep 1; done
+    curl -s http://127.0.0.1:8391/v1/chat/completions -H 'Content-Type: application/json' \
+        -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8}' > "$OUT/wheeltest-chat.json"
+    log "llama-vq-server chat: $(head -c 400 "$OUT/wheeltest-chat.json"); $(grep -E 'CUDA0|offloaded|KV cache' "$OUT/wheeltest-server.log" | head -4 | tr '\n' ' ' | cut -c1-500)"
+    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    ;;
+wheels-attention-modes)
+    WPY=${WHEEL_PY:-python3}
+    lib=$(cd /tmp && env -u PYTHONPATH "$WPY" -c 'import llama_vq, os; print(os.path.join(os.path.dirname(llama_vq.__file__), "lib"))') \
+        || { log "llama_vq not installed (wheels-install first)"; exit 1; }
+    mkdir -p /tmp/wbin && cp "${WHEEL_TOOLS:?a folder with llama-bench}"/* /tmp/wbin/ && ln -sf "$lib"/*.so* /tmp/wbin/
+    # the libraries auditwheel grafted (libgomp under a hashed name), found by the wheel's own RPATH ($ORIGIN/../..)
+    ln -sf "$lib"/../../llama_vq.libs/* /tmp/wbin/ 2>/dev/null
+    export LD_LIBRARY_PATH=/tmp/wbin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    bin=/tmp/wbin
+    model mimo
+    attn_modes "$M/synth-mimo.gguf" wheel-mimo --ctk q8_0 --ctv q4_1 --depths 65536 --modes "${MODES:-off,unbounded,prefill}" \
+        --tg 0 --reps 1
+    model llama8b
+    attn_modes "$M/synth-llama8b.gguf" wheel-llama8b --ctk q4_0 --ctv q4_0 --depths 32768 \
+        --modes "${MODES:-off,unbounded,prefill}" --tg 0 --reps 1
+    ;;
+*)
+    echo "$measurement: not a measurement (bash benchmarks/gpu.sh without arguments lists them)" >&2; exit 2 ;;
+esac
+log "done"
