@@ -25,6 +25,12 @@
 #                    benchmarks/attn_modes.py: the 8B shape (q4_0/q4_0) at 0/8K/32K, the MiMo shape (q8_0/q4_1) at
 #                    0/64K with the compute buffers at 128K (SHAPES: "llama8b mimo"); HIP_SETTINGS=1 runs them under
 #                    the HIP path's settings (an NVIDIA GPU configured as HIP; not a gfx90a result)
+#   decode-bandwidth the fused decode attention against the memory bound: ATTN_DECODE_FUSED's op tests with every
+#                    chain fused and the forms counted (tc=: both products on tensor cores), then llama-bench tg64 at
+#                    depth (MiMo shape q8_0/q4_1 at DEPTHS_MIMO 0,32768,65536; 8B shape q4_0/q4_0 at DEPTHS_8B
+#                    0,32768): ours in prefill mode with the tensor-core form everywhere (TC=1) and never (TC=0), and
+#                    flash attention on f16; then the kernels of a decode under ncu (NO_NCU=1 skips). Effective
+#                    bandwidth = the step time the depth adds over the K/V bytes read (RESULTS.md). Needs CUDA_FA=ON
 #   split-vs-unbounded  the split non-FA attention against the unbounded graph on the MiMo shape at 0/64K with the
 #                    compute buffers at 128K, and the split's cost per chunk: the 8B shape's pp512 at 8K under
 #                    scratch budgets of 512 (unsplit), 256, 128 and 64 MiB
@@ -51,7 +57,7 @@
 # Env: CARRY (.gpu-carry), BUILD (/tmp/gpu-build), MODEL_DIR (/tmp/models), REPS (2), WHEEL_PY (python3).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|rebuild|op-tests|attention-modes|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
+measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|rebuild|op-tests|attention-modes|decode-bandwidth|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
 shift
 C=${CARRY:-$here/.gpu-carry}
 if [ "$measurement" = carry ]; then
@@ -212,6 +218,31 @@ attention-modes)
             *) log "SHAPES: llama8b, mimo (not $shape)"; exit 2 ;;
         esac
     done
+    ;;
+decode-bandwidth)
+    need_build
+    LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 300 "$bin/test-backend-ops" test -b CUDA0 \
+        -o ATTN_DECODE_FUSED -p "n_kv=(${TEST_CELLS:-1|127|256|4096})," > "$OUT/tbo-decode.log" 2>&1
+    log "ATTN_DECODE_FUSED: rc $? $(grep -E 'tests passed|attention fusions run' "$OUT/tbo-decode.log" | tr '\n' ' ')"
+    tg() { # SHAPE DEPTHS FA CTK CTV TC
+        model "$1"
+        LLAMA_VQ_CUDA_FUSED_ATTN_TC=$6 "$bin/llama-bench" -m "$M/synth-$1.gguf" -ngl 99 -fa "$3" -ctk "$4" -ctv "$5" \
+            -p 0 -n 64 -d "$2" -r "${REPS:-2}" -o jsonl 2>/dev/null | python3 -c "import json,sys
+for l in sys.stdin:
+    r=json.loads(l); print('tg64 $1 fa=$3 $4/$5 TC=$6 depth', r['n_depth'], round(r['avg_ts'],2), '+-', round(r['stddev_ts'],2))" \
+            | tee -a "$OUT/$measurement.txt"
+    }
+    dm=${DEPTHS_MIMO:-0,32768,65536}
+    tg mimo "$dm" prefill q8_0 q4_1 1; tg mimo "$dm" prefill q8_0 q4_1 0; tg mimo "$dm" on f16 f16 1
+    if command -v ncu > /dev/null && [ -z "${NO_NCU:-}" ]; then
+        timeout 150 ncu --clock-control none -k regex:k_attn_decode --launch-count "${NCU_KERNELS:-16}" \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill -ctk q8_0 -ctv q4_1 -p 0 -n 2 -d 65536 -r 1 \
+            > "$OUT/ncu.txt" 2>&1
+        grep -E "k_attn_decode|Duration|DRAM Throughput|Achieved Occupancy|SM Active Cycles" "$OUT/ncu.txt" | head -60
+    fi
+    d8=${DEPTHS_8B:-0,32768}
+    tg llama8b "$d8" prefill q4_0 q4_0 1; tg llama8b "$d8" prefill q4_0 q4_0 0; tg llama8b "$d8" on f16 f16 1
     ;;
 split-vs-unbounded)
     need_build
