@@ -28,7 +28,7 @@ import struct
 import sys
 from dataclasses import dataclass, field
 
-from . import _native
+from . import _envs, _native
 from ._build import _config
 from ._cdll import LIB_DIR, SUFFIX
 from .errors import LlamaVQError
@@ -248,7 +248,7 @@ class _GgmlLog:
 
 def _pick_cpu() -> str:
     variants = cpu_variants()
-    forced = os.environ.get(CPU_VARIANT_ENV, "").strip()
+    forced = (_envs.get(CPU_VARIANT_ENV) or "").strip()
     if forced:
         if forced not in variants:
             raise BackendLoadError(

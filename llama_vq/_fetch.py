@@ -21,6 +21,7 @@ class FetchError(RuntimeError):
 
 def cache_dir(kind: str) -> Path:
     """~/.cache/llama-vq/<kind> (LLAMA_VQ_CACHE replaces ~/.cache/llama-vq; XDG_CACHE_HOME replaces ~/.cache)."""
+    # LLAMA_VQ_CACHE is declared in _envs.py, read here directly: this module imports nothing of the package
     base = os.environ.get("LLAMA_VQ_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-vq"
     )
