@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import _pin  # noqa: E402
 
-import patches as patch_tool  # noqa: E402
+import _patches as patch_tool  # noqa: E402
 import vendor as vendor_tool  # noqa: E402
 
 
@@ -105,7 +105,7 @@ def test_patch_series_applies_cleanly_to_the_pristine_tree():
 
 def test_every_patch_has_a_dep3_header():
     for name in _pin.read_series():
-        header = patch_tool._header(_pin.PATCHES / name)
+        header = patch_tool.header(_pin.PATCHES / name)
         for field in ("Description:", "Author:", "Forwarded:", "Last-Update:"):
             assert field in header, f"{name} lacks {field}"
         assert "<what and why" not in header, f"{name} still has the placeholder description"
@@ -118,7 +118,7 @@ def test_a_patch_that_does_not_apply_fails_naming_the_patch(tmp_path):
     bad = tmp_path / "0099-broken.patch"
     bad.write_text("Description: x\n---\n--- a/src/a.c\n+++ b/src/a.c\n@@ -1 +1 @@\n-int a = 2;\n+int a = 3;\n")
     with pytest.raises(patch_tool.PatchError) as e:
-        patch_tool._apply_one(tree, bad)
+        patch_tool.apply_one(tree, bad)
     assert "0099-broken.patch" in str(e.value)
     assert (tree / "src" / "a.c").read_text() == "int a = 1;\n"
 

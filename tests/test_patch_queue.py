@@ -17,7 +17,7 @@ import _lint  # noqa: E402
 import _patch_queue  # noqa: E402
 import _pin  # noqa: E402
 
-import patches as core  # noqa: E402
+import _patches as core  # noqa: E402
 
 
 def _vendor_or_skip() -> None:
