@@ -420,14 +420,21 @@ BY_NAME: dict[str, EnvVar] = {v.name: v for v in VARS}
 # Nothing may read or set them (tests/test_env_registry.py).
 REMOVED: tuple[tuple[str, str, str], ...] = (
     ("LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS", "OUT_PROD's vector/GEMM switch point", "`out_prod_q_use_vec`'s bounds"),
-    ("LLAMA_VQ_CUDA_OUT_PROD_SHORT_KV", "the 64-column bound's V length", "`OUT_PROD_Q_SHORT_KV`: 4096 on NVIDIA, 0 on HIP"),
+    (
+        "LLAMA_VQ_CUDA_OUT_PROD_SHORT_KV",
+        "the 64-column bound's V length",
+        "`OUT_PROD_Q_SHORT_KV`: 4096 on NVIDIA, 0 on HIP",
+    ),
     ("LLAMA_VQ_CUDA_OUT_PROD_COPY_SRC1", "a copy of the softmax before the F32 GEMM", "the F32 GEMM reads it in place"),
     ("LLAMA_VQ_CUDA_OUT_PROD_GEMM_FP32", "full-f32 GEMM math", "TF32, as ggml's cuBLAS handles"),
     ("LLAMA_VQ_CUDA_GRAPHS_QGEMM", "GEMM-path OUT_PROD graphs in CUDA graphs", "never"),
     ("LLAMA_VQ_CUDA_FUSE_ROPE", "K's rope apart from its rotation + store", "always folded where it fits"),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_TAIL", "the output's permute, copy and rotation left to their kernels", "always taken"),
-    ("LLAMA_VQ_CUDA_FUSED_ATTN_PDL", "the two fused kernels launched plainly", "programmatic dependent launches "
-     "(`GGML_CUDA_PDL=0` turns PDL off for all)"),
+    (
+        "LLAMA_VQ_CUDA_FUSED_ATTN_PDL",
+        "the two fused kernels launched plainly",
+        "programmatic dependent launches (`GGML_CUDA_PDL=0` turns PDL off for all)",
+    ),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_NBUF", "one tile buffer forced", "two where cp.async and the shared memory allow"),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_BPSM", "blocks per SM the splits aim at", "`AD_SPLIT_BPSM` 4"),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_MIN_TILES", "tiles per split at least", "`AD_SPLIT_MIN_TILES` 1"),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
