@@ -204,6 +204,8 @@ def test_wheel_installs_alone_into_a_fresh_venv_and_runs_without_the_source_tree
     assert "llama_vq/server/cli.py" in names and "llama_vq/lib/libllama-vq-server.so" in names
     assert "llama_cpp/llama_cpp.py" in names and not [n for n in names if n.startswith("llama_cpp/server/")]
     assert [n for n in names if n.endswith("libllama.so")] == ["llama_vq/lib/libllama.so"]
+    # the product only: the test models' fetchers are fixtures of tests/ (qwen_coder_support.py)
+    assert not [n for n in names if "qwen_coder" in n or n.startswith("tests/")], names
     install = installs["wheel"]
     install.wait()
     py, venv, away = install.py, install.venv, install.away
