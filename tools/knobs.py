@@ -78,10 +78,14 @@ def server_flag_vars() -> list[str]:
 
 
 def _files() -> list[Path]:
-    out = subprocess.run(
-        ["git", "ls-files", "-z", "--", *SCANNED, *SCANNED_FILES], cwd=ROOT, capture_output=True, check=True
-    ).stdout.decode()
-    return [ROOT / f for f in out.split("\0") if f and (ROOT / f).is_file()]
+    """The tracked files of SCANNED; outside a git checkout (an unpacked sdist), every file there."""
+    proc = subprocess.run(["git", "ls-files", "-z", "--", *SCANNED, *SCANNED_FILES], cwd=ROOT, capture_output=True)
+    if proc.returncode == 0 and proc.stdout:
+        return [ROOT / f for f in proc.stdout.decode().split("\0") if f and (ROOT / f).is_file()]
+    found = [ROOT / f for f in SCANNED_FILES if (ROOT / f).is_file()]
+    for d in SCANNED:
+        found += [p for p in sorted((ROOT / d).rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    return found
 
 
 def _patterns(path: Path) -> tuple[list[re.Pattern[str]], list[re.Pattern[str]], str]:
