@@ -148,7 +148,7 @@ def provenance() -> dict:
 
 def _series_digest() -> str:
     sys.path.insert(0, str(REPO / "tools"))
-    import patches  # noqa: PLC0415
+    import _patches as patches  # noqa: PLC0415
 
     return patches.series_digest()
 

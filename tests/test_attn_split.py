@@ -22,10 +22,10 @@ SCRATCH = {"smollm2": 256 << 10, "mimo": 640 << 10}
 @pytest.fixture()
 def scratch(llama_vq):
     """Set the process-wide budget (bytes) for the contexts made next; the default is restored after the test."""
-    from llama_vq import _native
+    from llama_vq import _llama_cpp
 
-    yield _native.set_attn_scratch
-    _native.set_attn_scratch(0)
+    yield _llama_cpp.set_attn_scratch
+    _llama_cpp.set_attn_scratch(0)
 
 
 def _counts() -> tuple[int, int, int]:
@@ -187,9 +187,9 @@ def test_one_token_chunks_are_as_close_to_f16_as_the_unsplit_graph(llama_vq, smo
 _DEVICE_BUFFERS = """
 import json, re, sys
 import llama_vq
-from llama_vq import _logs, _native
+from llama_vq import _llama_cpp, _logs
 model, endpoint, flash_attn, budget = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
-_native.set_attn_scratch(budget)
+_llama_cpp.set_attn_scratch(budget)
 with _logs.Capture() as cap:
     llm = llama_vq.Llama(model, rpc_servers=endpoint, n_gpu_layers=999, n_ctx=16384, n_batch=512, n_ubatch=512,
                          type_k="q8_0", type_v="q4_0", flash_attn=flash_attn, n_threads=1, verbose=False)
@@ -210,7 +210,7 @@ def test_split_attention_on_another_device_holds_one_f16_mask(llama_vq, smollm2_
 
     from script_support import run_script
 
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     budget = 16 << 20
     tool = BIN_DIR / "ggml-rpc-server"

@@ -14,9 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
+import _patches as patch_tool  # noqa: E402
 import _pin  # noqa: E402
 
-import patches as patch_tool  # noqa: E402
 import vendor as vendor_tool  # noqa: E402
 
 
@@ -41,6 +41,30 @@ def test_loaded_library_is_the_patched_llama_vq_build(build):
     # patch 0001-bindings-introspection-build-tag-and-kv-cache-size tags llama_print_system_info(); a stock
     # libllama would not say this
     assert build.system_info.startswith(f"LLAMA_VQ : BUILD = {build.version} |"), build.system_info
+
+
+def test_the_loaded_library_has_every_function_of_the_series_and_one_without_them_is_refused_with_the_fix(llama_vq):
+    import llama_cpp
+
+    from llama_vq import _llama_cpp
+    from llama_vq.errors import BindingError
+
+    lib = llama_cpp.llama_cpp._lib
+    _llama_cpp.check_series()  # the library this process loaded (the package import ran the same check)
+    assert all(hasattr(lib, name) for name in _llama_cpp.LLAMA_VQ_FUNCTIONS)
+
+    class Stale:  # a libllama built without 0018-llama-flash-attn-prefill-mode
+        _name = "/somewhere/libllama.so"
+
+    for name in _llama_cpp.LLAMA_VQ_FUNCTIONS:
+        if name != "llama_vq_flash_attn_type":
+            setattr(Stale, name, getattr(lib, name))
+    with pytest.raises(BindingError) as e:
+        _llama_cpp.check_series(Stale())
+    msg = str(e.value)
+    assert "/somewhere/libllama.so lacks llama-vq's functions llama_vq_flash_attn_type:" in msg, msg
+    assert "patches/series" in msg and "scripts/run.sh setup" in msg and "--force-reinstall" in msg, msg
+    assert isinstance(e.value, ImportError)  # raised by `import llama_vq`
 
 
 def test_llama_cpp_python_is_bound_to_llama_vq_lib(llama_vq):
@@ -105,7 +129,7 @@ def test_patch_series_applies_cleanly_to_the_pristine_tree():
 
 def test_every_patch_has_a_dep3_header():
     for name in _pin.read_series():
-        header = patch_tool._header(_pin.PATCHES / name)
+        header = patch_tool.header(_pin.PATCHES / name)
         for field in ("Description:", "Author:", "Forwarded:", "Last-Update:"):
             assert field in header, f"{name} lacks {field}"
         assert "<what and why" not in header, f"{name} still has the placeholder description"
@@ -118,7 +142,7 @@ def test_a_patch_that_does_not_apply_fails_naming_the_patch(tmp_path):
     bad = tmp_path / "0099-broken.patch"
     bad.write_text("Description: x\n---\n--- a/src/a.c\n+++ b/src/a.c\n@@ -1 +1 @@\n-int a = 2;\n+int a = 3;\n")
     with pytest.raises(patch_tool.PatchError) as e:
-        patch_tool._apply_one(tree, bad)
+        patch_tool.apply_one(tree, bad)
     assert "0099-broken.patch" in str(e.value)
     assert (tree / "src" / "a.c").read_text() == "int a = 1;\n"
 

@@ -17,7 +17,7 @@ GUARD = 0xA5
 
 @pytest.fixture(scope="module")
 def ggml(llama_vq) -> GGML:
-    from llama_vq._binding import LIB_DIR
+    from llama_vq._cdll import LIB_DIR
 
     return GGML(LIB_DIR)
 

@@ -208,12 +208,12 @@ def test_rocm_image_runtime_steps_install_the_hip_wheels_and_serve_health_as_non
 PROBE = """
 import json, sys
 import llama_vq
-from llama_vq import _native
+from llama_vq import _backends
 info = llama_vq.build_info()
 llm = llama_vq.Llama(sys.argv[1], n_ctx=512, n_gpu_layers=-1, n_threads=2, type_k="q8_0", type_v="q4_0",
                      flash_attn="auto", verbose=False)
 out = llm.create_chat_completion(messages=[{"role": "user", "content": "Say hi"}], max_tokens=8, temperature=0.0)
-print(json.dumps({"notes": info.backend_notes, "modules": info.backend_modules, "devices": _native.devices(),
+print(json.dumps({"notes": info.backend_notes, "modules": info.backend_modules, "devices": _backends.devices(),
                   "content": out["choices"][0]["message"]["content"], "file": llama_vq.__file__}))
 """
 CLIENT = """

@@ -57,7 +57,7 @@ def test_proxy_mode_needs_the_tools_folder(tmp_path):
 @pytest.mark.slow
 def test_fidelity_step_runs_end_to_end_on_the_cpu_tools(tmp_path):
     from llama_vq import models
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     if not (BIN_DIR / "llama-perplexity").exists():
         pytest.skip("built without the tools (LLAMA_VQ_BUILD_TOOLS=ON)")
@@ -88,7 +88,7 @@ def test_fidelity_step_runs_end_to_end_on_the_cpu_tools(tmp_path):
 def test_two_gpu_step_runs_end_to_end_on_two_rpc_devices(tmp_path, mimo_path):
     # step 5 as a two-MI210 host runs it, on the CPU build's tools: two local ggml-rpc-server processes are the two
     # devices, the tiny MiMo-shaped model stands in for the attention-shaped one (TWO_GPU_ARGS: two_gpu.py's dry run)
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     if not (BIN_DIR / "ggml-rpc-server").exists():
         pytest.skip("built without the tools (LLAMA_VQ_BUILD_TOOLS=ON)")

@@ -9,15 +9,15 @@ import pytest
 
 
 def test_our_three_libraries_load_through_the_one_loader(llama_vq):
-    from llama_vq import _cdll, _native, chat
+    from llama_vq import _backends, _cdll, chat
     from llama_vq.server import engine
 
-    for spec in (_native.GGML, chat.CHAT, engine.SERVER):
+    for spec in (_backends.GGML, chat.CHAT, engine.SERVER):
         lib = _cdll.load(spec)
         assert lib is _cdll.load(spec)  # once per process
         for name, (args, res) in spec.signatures.items():
             assert getattr(lib, name).argtypes == args and getattr(lib, name).restype == res, name
-    assert _native.devices()[0] == "CPU"
+    assert _backends.devices()[0] == "CPU"
 
 
 def test_a_missing_library_and_another_abi_are_refused_naming_the_fix(llama_vq):

@@ -42,7 +42,7 @@ def _lib_dir() -> Path:
     override = os.environ.get("LLAMA_VQ_GGML_LIB_DIR")
     if override:
         return Path(override)
-    from llama_vq._binding import LIB_DIR
+    from llama_vq._cdll import LIB_DIR
 
     return LIB_DIR
 

@@ -204,6 +204,8 @@ def test_wheel_installs_alone_into_a_fresh_venv_and_runs_without_the_source_tree
     assert "llama_vq/server/cli.py" in names and "llama_vq/lib/libllama-vq-server.so" in names
     assert "llama_cpp/llama_cpp.py" in names and not [n for n in names if n.startswith("llama_cpp/server/")]
     assert [n for n in names if n.endswith("libllama.so")] == ["llama_vq/lib/libllama.so"]
+    # the product only: the test models' fetchers are fixtures of tests/ (qwen_coder_support.py)
+    assert not [n for n in names if "qwen_coder" in n or n.startswith("tests/")], names
     install = installs["wheel"]
     install.wait()
     py, venv, away = install.py, install.venv, install.away
@@ -253,14 +255,14 @@ def test_pip_install_from_an_index_with_both_sdists_compiles_llama_cpp_once(inst
 
 
 def test_foreign_llama_cpp_python_distribution_is_named_with_the_fix(llama_vq, tmp_path, monkeypatch):
-    from llama_vq import _binding
+    from llama_vq import _llama_cpp
 
-    assert _binding.foreign_llama_cpp_python() is None  # the suite's environment holds none
+    assert _llama_cpp.foreign_llama_cpp_python() is None  # the suite's environment holds none
     info = tmp_path / "llama_cpp_python-0.3.20.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: 0.3.20\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    msg = _binding.foreign_llama_cpp_python()
+    msg = _llama_cpp.foreign_llama_cpp_python()
     assert msg is not None and "llama-cpp-python 0.3.20 is installed" in msg, msg
     assert "pip uninstall -y llama-cpp-python" in msg and "--force-reinstall" in msg
 

@@ -15,14 +15,13 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import _lint  # noqa: E402
 import _patch_queue  # noqa: E402
+import _patches as core  # noqa: E402
 import _pin  # noqa: E402
-
-import patches as core  # noqa: E402
 
 
 def _vendor_or_skip() -> None:
     try:
-        core._require_vendor()
+        core.require_vendor()
     except core.PatchError as e:
         pytest.skip(str(e))
 

@@ -1,4 +1,4 @@
-"""llama_vq.qwen_coder: the Qwen2.5-Coder-0.5B-Instruct test model is fetched, joined, checked and loads.
+"""tests/qwen_coder_support.py: the Qwen2.5-Coder-0.5B-Instruct test model is fetched, joined, checked and loads.
 
 CPU cost: a vocab-only load (~1 s) once the model is cached; the first run fetches ~470 MB.
 """
@@ -9,7 +9,7 @@ import pytest
 
 
 def test_qwen_coder_model_is_cached_under_its_pinned_sha256(qwen_coder_path):
-    from llama_vq import qwen_coder
+    import qwen_coder_support as qwen_coder
 
     assert qwen_coder_path.name == qwen_coder.MODEL_NAME
     marker = qwen_coder_path.with_name(qwen_coder_path.name + ".sha256")
@@ -27,8 +27,8 @@ def test_qwen_coder_model_loads_as_qwen2_with_a_tool_calling_chat_template(llama
 
 
 def test_qwen_coder_path_without_fetch_names_the_fix_when_the_cache_is_empty(tmp_path, monkeypatch, llama_vq):
-    from llama_vq import qwen_coder
+    import qwen_coder_support as qwen_coder
 
     monkeypatch.setenv("LLAMA_VQ_CACHE", str(tmp_path))
-    with pytest.raises(qwen_coder.QwenCoderModelError, match="python -m llama_vq.qwen_coder path"):
+    with pytest.raises(qwen_coder.QwenCoderModelError, match="python tests/qwen_coder_support.py path"):
         qwen_coder.qwen_coder_path(fetch=False)

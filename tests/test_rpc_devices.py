@@ -61,7 +61,7 @@ print(json.dumps(out))
 def test_a_model_loads_after_the_rpc_server_of_an_earlier_one_has_gone(smollm2_path, free_port, tmp_path):
     from script_support import run_script
 
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     tool = BIN_DIR / "ggml-rpc-server"
     if not tool.exists():

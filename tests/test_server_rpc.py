@@ -107,7 +107,7 @@ def remote_host() -> Iterator[RemoteHost]:
 
 @pytest.fixture(scope="module")
 def rpc_server_bin() -> Path:
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     tool = BIN_DIR / "ggml-rpc-server"
     if not tool.exists():

@@ -43,7 +43,7 @@ def test_pinned_llama_cpp_has_no_split_buffer_for_cuda_hip_or_rpc():
 
 def test_row_split_fails_to_load_on_a_device_without_split_buffers(smollm2_path, tmp_path):
     # what the refusal saves users from, on an RPC device (the CPU's stand-in for a GPU): the load fails
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     rpc = BIN_DIR / "ggml-rpc-server"
     if not rpc.exists():

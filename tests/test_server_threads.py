@@ -32,7 +32,7 @@ def _cores() -> int:
 
 def _llama_bench_decode(model: Path, threads: int) -> float:
     """llama-bench's decode rate (tg N_PREDICT, tok/s) with the server's flags, best of 3 repetitions' averages."""
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     tool = BIN_DIR / "llama-bench"
     if not tool.exists():

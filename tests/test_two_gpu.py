@@ -82,7 +82,7 @@ def test_buffers_and_facts_are_read_per_device_from_llama_cpp_lines():
 
 
 def _dry_run(mimo_path: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     for tool in ("llama-bench", "ggml-rpc-server"):
         if not (BIN_DIR / tool).exists():

@@ -358,7 +358,7 @@ def _tool_results(out: str) -> dict[int, str]:
 
 
 def test_llama_cpp_save_load_state_tool_with_quantized_v_without_flash_attn(llama_vq, smollm2_path, tmp_path):
-    from llama_vq._binding import BIN_DIR
+    from llama_vq._cdll import BIN_DIR
 
     tool = BIN_DIR / "test-save-load-state"
     if not tool.exists():

@@ -14,9 +14,8 @@ import tempfile
 from pathlib import Path
 
 import _patch_queue
+import _patches as core
 from _pin import ROOT, read_series
-
-import patches as core
 
 MAX_HEADER_LINES = 20
 FIELDS = ("Description:", "Author:", "Forwarded:", "Last-Update:")
@@ -83,7 +82,7 @@ def lint_static(root: Path = ROOT) -> list[str]:
         if not path.exists():
             problems.append(f"{name}: listed in series, missing")
             continue
-        header = core._header(path)
+        header = core.header(path)
         n = header.count("\n")
         if n > MAX_HEADER_LINES:
             problems.append(
@@ -98,7 +97,7 @@ def lint_static(root: Path = ROOT) -> list[str]:
         for old, new, ext, _ in parse(path.read_text()):
             if old == "/dev/null" or "new file mode" in ext:
                 problems.append(
-                    f"{name}: creates {new}: a new file of ours lives in native/ (patches.NATIVE_MAP), not in a patch"
+                    f"{name}: creates {new}: a new file of ours lives in native/ (_patches.NATIVE_MAP), not in a patch"
                 )
             if new == "/dev/null" or "deleted file mode" in ext:
                 problems.append(f"{name}: deletes {old}")
@@ -160,7 +159,7 @@ def provenance(root: Path = ROOT, base: Path | None = None) -> list[str]:
 
 def lint_tree(root: Path = ROOT) -> list[str]:
     """The rules that need the pristine tree (vendor/llama.cpp)."""
-    core._require_vendor()
+    core.require_vendor()
     problems = []
     problems += provenance(root)
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,7 @@
 Branch layout in the queue repository (default .dev/llama.cpp, git-ignored):
 
     upstream            the pristine llama.cpp tree (what export copies; SKIP_DIRS left out)
-    queue = upstream + "llama-vq sources"      our native/ files at their tree paths (patches.NATIVE_MAP)
+    queue = upstream + "llama-vq sources"      our native/ files at their tree paths (_patches.NATIVE_MAP)
                      + one commit per patch    subject: the patch's file name; body: its DEP-3 header
 
 Edit with ordinary git (commit --fixup + rebase -i --autosquash, reword, reorder, edit our sources in the
@@ -19,9 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import _patches as core
 from _pin import ROOT, read_series
-
-import patches as core
 
 SOURCES_SUBJECT = "llama-vq sources"
 NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9._-]*\.patch$")
@@ -82,7 +81,7 @@ def _commit_all(repo: Path, message: str) -> None:
 
 def import_queue(dev: Path, root: Path = ROOT) -> None:
     """The series as a branch `queue` in dev (which must not exist)."""
-    core._require_vendor()
+    core.require_vendor()
     if dev.exists():
         raise core.PatchError(
             f"{dev} exists. Write back what you need from it (`write`), delete it, and run import again."
@@ -98,7 +97,7 @@ def import_queue(dev: Path, root: Path = ROOT) -> None:
     for name in names:
         patch = root / "patches" / name
         core.apply_one(dev, patch)
-        _commit_all(dev, f"{name}\n\n{core._header(patch)}")
+        _commit_all(dev, f"{name}\n\n{core.header(patch)}")
     print(f"queue at {dev} (branch queue on upstream): our sources + {len(names)} patch(es), one commit each")
 
 

