@@ -1053,9 +1053,10 @@ static void llama_vq_test_cases_perf(std::vector<std::unique_ptr<test_case>> & t
             }
         }
     }
-    // the deep contexts the memory bound is measured at (benchmarks/decode_bandwidth.sh: bytes of K and V read per
-    // microsecond): 32K, 64K and 128K cells, both shapes, the product's q8_0 K / q4_1 V and the equal pairs, 1 and 4
-    // tokens; MiMo's sliding-window layers (8 KV heads, 768 cells: the window and a batch, padded)
+    // the deep contexts: 32K, 64K and 128K cells, both shapes, the product's q8_0 K / q4_1 V and the equal pairs, 1 and
+    // 4 tokens; MiMo's sliding-window layers (8 KV heads, 768 cells: the window and a batch, padded). perf mode times a
+    // case's last node alone (the chain is not fused there): the fused kernels' bandwidth is benchmarks/gpu.sh
+    // decode-bandwidth's (llama-bench at depth, ncu)
     for (int64_t n_kv : {32768, 65536, 131072}) {
         for (int64_t n_tokens : {1, 4}) {
             for (auto tkv : {std::make_pair(GGML_TYPE_Q8_0, GGML_TYPE_Q4_1), std::make_pair(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0),
