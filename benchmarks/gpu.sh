@@ -28,8 +28,8 @@
 #   decode-bandwidth the fused decode attention against the memory bound: ATTN_DECODE_FUSED's op tests with every
 #                    chain fused and the forms counted (tc=: both products on tensor cores), then llama-bench tg64 at
 #                    depth (MiMo shape q8_0/q4_1 at DEPTHS_MIMO 0,32768,65536; 8B shape q4_0/q4_0 at DEPTHS_8B
-#                    0,32768): ours in prefill mode with the tensor-core form everywhere (TC=1) and never (TC=0), and
-#                    flash attention on f16; then the kernels of a decode under ncu (NO_NCU=1 skips). Effective
+#                    0,32768): ours in prefill mode (the default rule; on MiMo also the tensor-core form everywhere,
+#                    TC=1, and never, TC=0) and flash attention on f16; then the kernels of a decode under ncu (NO_NCU=1 skips). Effective
 #                    bandwidth = the step time the depth adds over the K/V bytes read (RESULTS.md). Needs CUDA_FA=ON
 #   split-vs-unbounded  the split non-FA attention against the unbounded graph on the MiMo shape at 0/64K with the
 #                    compute buffers at 128K, and the split's cost per chunk: the 8B shape's pp512 at 8K under
@@ -226,14 +226,16 @@ decode-bandwidth)
     log "ATTN_DECODE_FUSED: rc $? $(grep -E 'tests passed|attention fusions run' "$OUT/tbo-decode.log" | tr '\n' ' ')"
     tg() { # SHAPE DEPTHS FA CTK CTV TC
         model "$1"
-        LLAMA_VQ_CUDA_FUSED_ATTN_TC=$6 "$bin/llama-bench" -m "$M/synth-$1.gguf" -ngl 99 -fa "$3" -ctk "$4" -ctv "$5" \
+        local tcenv=(LLAMA_VQ_CUDA_FUSED_ATTN_TC="$6"); [ "$6" = default ] && tcenv=()
+        env "${tcenv[@]}" "$bin/llama-bench" -m "$M/synth-$1.gguf" -ngl 99 -fa "$3" -ctk "$4" -ctv "$5" \
             -p 0 -n 64 -d "$2" -r "${REPS:-2}" -o jsonl 2>/dev/null | python3 -c "import json,sys
 for l in sys.stdin:
     r=json.loads(l); print('tg64 $1 fa=$3 $4/$5 TC=$6 depth', r['n_depth'], round(r['avg_ts'],2), '+-', round(r['stddev_ts'],2))" \
             | tee -a "$OUT/$measurement.txt"
     }
     dm=${DEPTHS_MIMO:-0,32768,65536}
-    tg mimo "$dm" prefill q8_0 q4_1 1; tg mimo "$dm" prefill q8_0 q4_1 0; tg mimo "$dm" on f16 f16 1
+    tg mimo "$dm" prefill q8_0 q4_1 default; tg mimo "$dm" prefill q8_0 q4_1 1; tg mimo "$dm" prefill q8_0 q4_1 0
+    tg mimo "$dm" on f16 f16 default
     if command -v ncu > /dev/null && [ -z "${NO_NCU:-}" ]; then
         timeout 150 ncu --clock-control none -k regex:k_attn_decode --launch-count "${NCU_KERNELS:-16}" \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
@@ -242,7 +244,7 @@ for l in sys.stdin:
         grep -E "k_attn_decode|Duration|DRAM Throughput|Achieved Occupancy|SM Active Cycles" "$OUT/ncu.txt" | head -60
     fi
     d8=${DEPTHS_8B:-0,32768}
-    tg llama8b "$d8" prefill q4_0 q4_0 1; tg llama8b "$d8" prefill q4_0 q4_0 0; tg llama8b "$d8" on f16 f16 1
+    tg llama8b "$d8" prefill q4_0 q4_0 default; tg llama8b "$d8" on f16 f16 default
     ;;
 split-vs-unbounded)
     need_build

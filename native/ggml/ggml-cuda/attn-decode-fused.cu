@@ -3,6 +3,7 @@
 #include "dequantize-x8.cuh"
 #include "mma-f16.cuh"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -206,17 +207,31 @@ static __device__ __forceinline__ void ad_load_queries(const attn_decode_params 
         const int ncp, const int h, const int s) {
     const int tid = threadIdx.x;
     const float yscale = p.hadamard_n > 0 ? rsqrtf((float) p.hadamard_n) : 1.0f;
-    for (int i = tid; i < ncp*p.dk; i += AD_NT) {
-        const int c  = i / p.dk;
-        const int i0 = i - c*p.dk;
-        float val = 0.0f;
-        if (c < nc) {
-            const int col  = col0 + c;
-            const int tok  = col % p.ntok;
-            const int head = h*p.gqa + col / p.ntok;
-            val = *(const float *) (p.q + i0*sizeof(float) + tok*p.q_nb1 + head*p.q_nb2 + s*p.q_nb3) * yscale;
+    // QU loads of each thread in flight before their stores (a store to shared memory between two loads of the
+    // queries would order them: one memory latency each)
+    constexpr int QU = 8;
+    for (int j0 = tid; j0 < ncp*p.dk; j0 += QU*AD_NT) {
+        float val[QU];
+#pragma unroll
+        for (int u = 0; u < QU; ++u) {
+            const int i  = j0 + u*AD_NT;
+            const int c  = i / p.dk;
+            const int i0 = i - c*p.dk;
+            val[u] = 0.0f;
+            if (i < ncp*p.dk && c < nc) {
+                const int col  = col0 + c;
+                const int tok  = col % p.ntok;
+                const int head = h*p.gqa + col / p.ntok;
+                val[u] = *(const float *) (p.q + i0*sizeof(float) + tok*p.q_nb1 + head*p.q_nb2 + s*p.q_nb3) * yscale;
+            }
         }
-        q_sh[i] = val;
+#pragma unroll
+        for (int u = 0; u < QU; ++u) {
+            const int i = j0 + u*AD_NT;
+            if (i < ncp*p.dk) {
+                q_sh[i] = val[u];
+            }
+        }
     }
     if (tid < AD_CT) {
         const int col  = min(col0 + tid, p.ncols - 1);
@@ -244,19 +259,23 @@ static __device__ __forceinline__ void ad_load_queries(const attn_decode_params 
         }
     }
 
+    // each thread one 32-value block, its reads rotated by the lane (blocks are 32 words apart: unrotated, the lanes of a
+    // warp would read one bank)
     const int nbk = p.dk/32;
+    const int rot = tid % 32;
     for (int i = tid; i < ncp*nbk; i += AD_NT) {
         const float * x = q_sh + i*32; // column i / nbk, block i % nbk
         float amax = 0.0f;
 #pragma unroll
         for (int l = 0; l < 32; ++l) {
-            amax = fmaxf(amax, fabsf(x[l]));
+            amax = fmaxf(amax, fabsf(x[(l + rot) % 32]));
         }
         const float d  = amax/127.0f;
         const float id = d != 0.0f ? 1.0f/d : 0.0f;
         int sumq = 0;
 #pragma unroll
-        for (int w = 0; w < 8; ++w) {
+        for (int w0 = 0; w0 < 8; ++w0) {
+            const int w = (w0 + rot) % 8;
             int packed = 0;
 #pragma unroll
             for (int l = 0; l < 4; ++l) {

@@ -101,8 +101,9 @@ static size_t attn_decode_tc_smem(const int dk, const int dv, const int rbk, con
     const size_t front = AD_CT*sizeof(int64_t) + (3*AD_CT + 2*(AD_NT/32)*AD_TC_COLS)*sizeof(float) +
         (size_t) AD_TC_COLS*dk + (size_t) AD_TC_COLS*(dk/32)*2*sizeof(float);
     const size_t tiles = nbuf*((size_t) (AD_TC*rbk + 15)/16*16 + (size_t) (AD_TC*rbv + 15)/16*16);
-    const size_t vw    = std::max((size_t) (AD_NT/32)*16*(dv + 8)*sizeof(half),
-                                  (size_t) AD_TC_COLS*std::max(dk, dv)*sizeof(float));
+    const size_t vw    = std::max({(size_t) (AD_NT/32)*16*(dv + 8)*sizeof(half),
+                                   (size_t) AD_TC_COLS*std::max(dk, dv)*sizeof(float),
+                                   (size_t) AD_TC_COLS*(2*dv + 4)*sizeof(float)});
     return (front + 15)/16*16 + tiles + vw;
 }
 
@@ -150,6 +151,7 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     char    * v_sh0 = k_sh0 + p.nbuf*kbuf;
     half    * vw_sh = (half *) (v_sh0 + p.nbuf*vbuf);           // [NW][16][VWS] the warps' f16 V rows
     float   * q_sh  = (float *) vw_sh;                          // [16][max(DK, DV)] f32 queries, then the sums
+    float   * o_sh  = q_sh + AD_TC_COLS*DV;                     // [16][DV + 4] the warps' sums added (at the end)
     half    * vw    = vw_sh + warp*16*VWS;
 
     const int c_begin = z*p.cps;
@@ -362,6 +364,7 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             l_sh[col] = lb;
         }
     }
+    // into o_sh, rows DV + 4 apart (DV apart, the 8 rows g of a fragment would share a bank), then copied into q_sh
 #pragma unroll
     for (int w = 0; w < NW; ++w) {
         if (warp == w) {
@@ -372,12 +375,16 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
                     const int col = g + 8*(e >> 1);
                     const int i0  = 8*nt + 2*t + (e & 1);
                     const float o = acc[nt][e]*f[e >> 1];
-                    q_sh[col*DV + i0] = w == 0 ? o : q_sh[col*DV + i0] + o;
+                    o_sh[col*(DV + 4) + i0] = w == 0 ? o : o_sh[col*(DV + 4) + i0] + o;
                 }
             }
         }
         __syncthreads();
     }
+    for (int i = tid; i < AD_TC_COLS*DV; i += AD_NT) {
+        q_sh[i] = o_sh[(i/DV)*(DV + 4) + i % DV];
+    }
+    __syncthreads();
 
     ad_write_out(p, q_sh, m_sh, l_sh, col0, nc, h, s, z);
 #endif // AD_VMMA_CODE
