@@ -43,9 +43,7 @@ def call(name: str, **args: object) -> str:
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
-def write_mimo_chat_gguf(directory: Path, tokenizer_from: Path) -> Path:
-    """The tiny MiMo-shaped model (arch mimo2, random weights) carrying the template as tokenizer.chat_template,
-    MiMo's chat markup single tokens of its vocabulary (tools/synth_models.py)."""
+def _synth_models():
     import sys
 
     tools = str(Path(__file__).resolve().parent.parent / "tools")
@@ -54,10 +52,24 @@ def write_mimo_chat_gguf(directory: Path, tokenizer_from: Path) -> Path:
         import synth_models
     finally:
         sys.path.remove(tools)
-    return synth_models.write_mimo_like(
+    return synth_models
+
+
+def write_mimo_chat_gguf(directory: Path, tokenizer_from: Path) -> Path:
+    """The tiny MiMo-shaped model (arch mimo2, random weights) carrying the template as tokenizer.chat_template,
+    MiMo's chat markup single tokens of its vocabulary (tools/synth_models.py)."""
+    return _synth_models().write_mimo_like(
         directory / "mimo-chat.gguf",
         preset="tiny",
         tokenizer_from=tokenizer_from,
         seed=7,
         chat_template=mimo_template(),
     )
+
+
+def token_ids(gguf_path: Path) -> dict[str, int]:
+    """The ids of MiMo's markup tokens and of the end-of-generation token ("eos") in a GGUF's vocabulary."""
+    kv = _synth_models().read_tokenizer_kv(gguf_path)
+    tokens = list(kv["tokenizer.ggml.tokens"].value)
+    ids = {t: tokens.index(t) for t in _synth_models().MIMO_CHAT_TOKENS}
+    return {**ids, "eos": int(kv["tokenizer.ggml.eos_token_id"].value)}
