@@ -216,6 +216,12 @@ def test_thinking_is_switched_per_request_in_every_api(srv, client, claude):
     assert chat_tokens(reasoning_effort="none") == on + 2
     assert _prompt(srv, [Q], **OFF).endswith("<|im_start|>assistant\n<think></think>")
 
+    def responses_tokens(**kw) -> int:
+        r = client.responses.create(model="mimo", input=Q["content"], max_output_tokens=1, **kw)
+        return r.usage.input_tokens
+
+    assert responses_tokens(reasoning={"effort": "none"}) == responses_tokens() + 2
+
     def claude_tokens(**kw) -> int:
         return claude.messages.count_tokens(model="mimo", messages=[A_Q], **kw).input_tokens
 
