@@ -47,7 +47,9 @@ def adapt(route: str, body: bytes) -> bytes:
     changed = _named_tool_choice(route, doc)
     if route in ANTHROPIC:
         changed = _thinking(doc) or changed
-    return json.dumps(doc, ensure_ascii=False).encode("utf-8") if changed else body
+    # ASCII with escapes: a lone surrogate escape the client sent stays one (the engine answers it) instead of
+    # failing to encode here
+    return json.dumps(doc).encode("ascii") if changed else body
 
 
 def _tool_name(route: str, tool: Any) -> Any:
