@@ -1,6 +1,7 @@
 """What llama-server's own test suite found different, answered as llama-server answers it: Vertex AI's prediction
 route (AIP_MODE=PREDICTION), CORS pre-flights from an origin that is not allowed, /metrics while the model sleeps,
-the web UI's /cors-proxy (--ui-mcp-proxy), and a stop that does not wait for a slow MCP tool call.
+the web UI's /cors-proxy (--ui-mcp-proxy), a stop that does not wait for a slow MCP tool call, and the suite's
+response_format / json_schema cases, token for token as llama-server built from the same tree.
 
 CPU cost: five servers of the embedded model, a few 2-8 token generations; ~30 s on 2 cores.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -291,3 +293,73 @@ def test_sigterm_does_not_wait_for_a_slow_mcp_tool_call(smollm2_path, tmp_path):
             again.listen(1)
     finally:
         s.stop()
+
+
+# ---- response_format / json_schema, as the suite's test_chat_completion.py asks them -------------------------
+
+# the suite's default server (tinyllama2 preset, its model replaced by SmolLM2 offline) runs with --no-jinja, its
+# test_completion_with_json_schema[True-...] with --jinja; 6 tokens, as the tests ask
+SUITE_FLAGS = ("--ctx-size", "512", "--batch-size", "32", "--parallel", "2", "--seed", "42", "--threads", "1")
+SUITE_CHAT = [
+    {"role": "system", "content": "You are a coding assistant."},
+    {"role": "user", "content": "Write an example"},
+]
+FORMATS = {
+    "json_object-const": {"response_format": {"type": "json_object", "schema": {"const": "42"}}},
+    "json_schema-const": {"json_schema": {"const": "42"}},
+    "schema-not-an-object": {"response_format": {"type": "json_object", "schema": 123}},
+}
+
+
+def _format_answers(url: str) -> dict[str, tuple[int, str | None, list[str] | None]]:
+    out = {}
+    with httpx.Client(base_url=url, timeout=120) as c:
+        for name, fields in FORMATS.items():
+            r = c.post("/chat/completions", json={"messages": SUITE_CHAT, "max_tokens": 6, "logprobs": True, **fields})
+            if r.status_code != 200:
+                out[name] = (r.status_code, None, None)
+                continue
+            choice = r.json()["choices"][0]
+            out[name] = (200, choice["message"]["content"], [t["token"] for t in choice["logprobs"]["content"]])
+    return out
+
+
+def _llama_server_answers(binary, model, flags, tmp_path) -> dict:
+    port = free_port()
+    log = (tmp_path / "llama-server.log").open("wb")
+    proc = subprocess.Popen(
+        [str(binary), "-m", str(model), "--port", str(port), *flags], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        end = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < end, (tmp_path / "llama-server.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)  # poll interval, not a readiness guess
+        return _format_answers(f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.mark.parametrize("jinja", ["--no-jinja", "--jinja"])
+def test_response_format_cases_answer_token_for_token_as_llama_server(smollm2_path, llama_server_bin, tmp_path, jinja):
+    """Both servers answer alike. Without Jinja the schema is the whole grammar: "42" in 4 tokens, and a schema
+    that is not an object a 400. With Jinja (llama.cpp's chat parser) the grammar also lets the JSON sit in a
+    ```json fence: SmolLM2 writes the fence, and 6 tokens end at "42 on both; a schema that is not an object is
+    read as none (any JSON object) by both."""
+    theirs = _llama_server_answers(llama_server_bin, smollm2_path, (*SUITE_FLAGS, jinja), tmp_path)
+    with running(smollm2_path, *SUITE_FLAGS, jinja, log_dir=tmp_path) as s:
+        ours = _format_answers(s.url)
+    assert ours == theirs
+    if jinja == "--no-jinja":
+        assert ours["json_object-const"][1] == ours["json_schema-const"][1] == '"42"'
+        assert ours["schema-not-an-object"][0] == 400
+    else:
+        assert ours["json_schema-const"][2][:3] == ["```", "json", "\n"] and ours["json_schema-const"][1] == '"42'
+        assert ours["schema-not-an-object"][0] == 200

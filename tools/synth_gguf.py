@@ -197,10 +197,28 @@ def read_tokenizer_kv(src: str | os.PathLike) -> dict[str, _KV]:
     return kv
 
 
-def _add_tokenizer(writer, tok: dict[str, _KV], n_vocab: int | None) -> int:
-    """Add tokenizer metadata to ``writer``, vocabulary padded to ``n_vocab``; return its size."""
+def _add_tokenizer(
+    writer,
+    tok: dict[str, _KV],
+    n_vocab: int | None,
+    *,
+    added_tokens: Sequence[str] = (),
+    chat_template: str | None = None,
+) -> int:
+    """Add tokenizer metadata to ``writer``, vocabulary padded to ``n_vocab``; return its size.
+
+    ``added_tokens`` are appended as user-defined tokens (one token each, matched in any text, as a Hugging Face
+    tokenizer's added tokens); ``chat_template`` replaces the source's ``tokenizer.chat_template``."""
     tokens = list(tok["tokenizer.ggml.tokens"].value)
     types = list(tok["tokenizer.ggml.token_type"].value) if "tokenizer.ggml.token_type" in tok else None
+    clash = [t for t in added_tokens if t in tokens]
+    if clash:
+        raise ValueError(f"added tokens {clash} are already in the vocabulary")
+    if added_tokens and types is None:
+        raise ValueError("added tokens need the source's tokenizer.ggml.token_type")
+    tokens += list(added_tokens)
+    if types is not None:
+        types += [int(gguf.TokenType.USER_DEFINED)] * len(added_tokens)
     if n_vocab is not None and n_vocab > len(tokens):
         extra = n_vocab - len(tokens)
         tokens += [f"<|llama_vq_pad_{i}|>" for i in range(extra)]
@@ -214,7 +232,11 @@ def _add_tokenizer(writer, tok: dict[str, _KV], n_vocab: int | None) -> int:
             value = tokens
         elif key == "tokenizer.ggml.token_type":
             value = types
+        elif key == "tokenizer.chat_template" and chat_template is not None:
+            continue
         writer.add_key_value(key, value, kv.vtype, sub_type=kv.sub_type)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     return len(tokens)
 
 

@@ -30,7 +30,7 @@ The vocabulary can be padded with unused tokens to a model's real size
 CLI::
 
     python tools/synth_models.py mimo OUT.gguf --preset tiny|tiny-mtp|attn|cpu-moe [--mtp N] [--mtp-head random|echo]
-        [--tokenizer-from GGUF]
+        [--tokenizer-from GGUF] [--chat-template tests/data/mimo-v2-flash.jinja]
     python tools/synth_models.py llama OUT.gguf --preset tiny|llama-3.1-8b [--tokenizer-from GGUF]
     python tools/synth_models.py vocab-only SRC.gguf OUT.gguf
 """
@@ -71,6 +71,7 @@ from synth_llama import LLAMA_PRESETS, write_llama_like  # noqa: E402
 __all__ = [
     "GQT",
     "LLAMA_PRESETS",
+    "MIMO_CHAT_TOKENS",
     "MIMO_PRESETS",
     "_Rand",
     "default_tokenizer_source",
@@ -78,6 +79,7 @@ __all__ = [
     "main",
     "read_gguf_header",
     "read_tensor_bytes",
+    "read_tokenizer_kv",
     "write_llama_like",
     "write_mimo_like",
     "write_vocab_only",
@@ -144,6 +146,12 @@ MIMO_PRESETS: dict[str, dict] = {
 MIMO_PRESETS["cpu-moe"] = {**MIMO_PRESETS["attn"], "n_expert": 64, "n_expert_used": 8, "n_ff_exp": 512}
 
 
+# MiMo-V2's chat markup that its tokenizer holds as single (added, non-special) tokens, as Qwen2's vocabulary
+# does: the tool-call and tool-response wrappers and the thinking tags (tests/data/mimo-v2-flash.jinja cites the
+# sources); <|im_start|> and <|im_end|> come with the tokenizer source (SmolLM2 has them)
+MIMO_CHAT_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+
+
 def mimo_swa_pattern(n_layer: int, full_every: int = 6) -> list[int]:
     """1 = sliding-window layer, 0 = full: layer 0 full, then a full layer every ``full_every``."""
     return [0 if (il % full_every) == 0 else 1 for il in range(n_layer)]
@@ -175,6 +183,7 @@ def write_mimo_like(
     sinks: str = "swa",
     fused_qkv: bool = True,
     mtp_head: str = "random",
+    chat_template: str | None = None,
     **overrides,
 ) -> Path:
     """Write a random-weight GGUF of arch ``mimo2`` and return its path.
@@ -202,6 +211,9 @@ def write_mimo_like(
     half, zero on the hidden-state half), attn_output and ffn_down are zero (the block adds nothing),
     and ``nextn.shared_head_head`` is a copy of token_embd, whose row of the input token then scores
     highest. Drafts repeat the last token; the trunk accepts them wherever it repeats a token.
+
+    ``chat_template`` (Jinja source) becomes the file's ``tokenizer.chat_template``, and the markup tokens of
+    MiMo's chat format (``MIMO_CHAT_TOKENS``) join the vocabulary as single tokens, as in MiMo's own tokenizer.
     """
     if mtp_head not in ("random", "echo"):
         raise ValueError(f"mtp_head must be 'random' or 'echo', not {mtp_head!r}")
@@ -259,7 +271,8 @@ def write_mimo_like(
     if n_mtp:
         w.add_nextn_predict_layers(n_mtp)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if wt == GQT.F16 else gguf.LlamaFileType.MOSTLY_Q8_0)
-    n_vocab = _add_tokenizer(w, tok, p["n_vocab"])
+    added = MIMO_CHAT_TOKENS if chat_template is not None else ()
+    n_vocab = _add_tokenizer(w, tok, p["n_vocab"], added_tokens=added, chat_template=chat_template)
     w.add_vocab_size(n_vocab)
 
     ones, rnd = _ones, _rnd
@@ -440,6 +453,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="N",
         help="append N multi-token-prediction (nextn) blocks (MiMo-V2-Flash has 3); overrides the preset's n_mtp",
     )
+    m.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="Jinja file to carry as tokenizer.chat_template (adds MiMo's chat markup tokens to the vocabulary)",
+    )
     ll = sub.add_parser("llama", help="write a llama model")
     ll.add_argument("out")
     ll.add_argument("--preset", default="llama-3.1-8b", choices=sorted(LLAMA_PRESETS))
@@ -472,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sinks=a.sinks,
             fused_qkv=not a.split_qkv,
             mtp_head=a.mtp_head,
+            chat_template=Path(a.chat_template).read_text(encoding="utf-8") if a.chat_template else None,
             **kw,
         )
     else:

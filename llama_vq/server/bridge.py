@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from . import sse
+from . import chat_requests, sse
 from .engine import Call, Engine, EngineError, Route
 from .metrics import Metrics
 from .responses import asgi_headers, error_body, send_json
@@ -93,6 +93,10 @@ class Bridge:
         path = request.url.path
         if self.prefix and path.startswith(self.prefix):
             path = path[len(self.prefix) :] or "/"
+        try:
+            body = chat_requests.adapt(route.path, body)
+        except chat_requests.RequestError as e:
+            return EngineResponse.error(400, str(e), "invalid_request_error")
         query = request.url.query
         try:
             call = await asyncio.get_running_loop().run_in_executor(
