@@ -90,7 +90,8 @@ def _named_tool_choice(route: str, doc: dict[str, Any]) -> bool:
 
 def _thinking(doc: dict[str, Any]) -> bool:
     thinking = doc.get("thinking")
-    switch = _THINKING.get(thinking.get("type")) if isinstance(thinking, dict) else None
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    switch = _THINKING.get(kind) if isinstance(kind, str) else None
     kwargs = doc.get("chat_template_kwargs", {})
     if switch is None or not isinstance(kwargs, dict) or "enable_thinking" in kwargs:
         return False
