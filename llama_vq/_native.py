@@ -65,6 +65,7 @@ LLAMA_VQ_FUNCTIONS: _cdll.Signatures = {
     "llama_vq_set_attn_scratch": ([_sz], None),
     "llama_vq_compute_buffer_size": ([_vp], _sz),
     "llama_vq_flash_attn_type": ([_vp], _i),
+    "llama_vq_attn_layers": ([_vp], _cp),
 }
 
 
@@ -130,6 +131,15 @@ def compute_buffer_size(ctx: int) -> int:
 def flash_attn_type(ctx: int) -> int:
     """The attention a context runs, "auto" resolved: 1 (flash attention), 0 (without), 2 (prefill mode)."""
     return int(_llama().llama_vq_flash_attn_type(ctypes.c_void_p(ctx)))
+
+
+def has_attn_layers() -> bool:
+    return hasattr(_llama(), "llama_vq_attn_layers")
+
+
+def attn_layers(ctx: int) -> str:
+    """llama_vq_attn_layers(): one line per distinct layer kind of a context (attn_choice.parse_layers)."""
+    return (_llama().llama_vq_attn_layers(ctypes.c_void_p(ctx)) or b"").decode()
 
 
 def buffer_types() -> dict[str, int]:
