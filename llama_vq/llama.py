@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import llama_cpp
 
-from . import _chat_completion, _hooks, _logs, _native
+from . import _chat_completion, _gguf, _hooks, _logs, _native, attn_choice
 from ._build import build_info
 from ._validate import check_cache_config
 from .cache_types import (
@@ -92,6 +92,16 @@ def _parse_overrides(overrides: Iterable[tuple[str, str] | str] | None) -> list[
         except re.error as e:
             raise TensorOverrideError(f"tensor override pattern {pattern!r} is not a valid regex: {e}") from e
     return out
+
+
+def _why(requested: int, choice: attn_choice.Choice | None, mode: str) -> str:
+    if requested != FLASH_ATTN_AUTO:
+        return "asked for"
+    if choice is None:
+        return "static rule"
+    if choice.how != "static" and choice.mode != mode:
+        return f"{choice.why()}; {choice.mode} passed over by the placement check"
+    return choice.why()
 
 
 class Llama(llama_cpp.Llama):
@@ -229,7 +239,25 @@ class Llama(llama_cpp.Llama):
             params.n_seq_max = n_seq_max
             params.kv_unified = kv_unified
 
-        with _hooks.adjusting(model=adjust_model, context=adjust_context), _logs.Capture() as cap:
+        # "auto": the mode measured on this device (cached after the first time) is the one the native auto tries
+        # first; its placement check may still pass it over (attn_choice.py)
+        choice = None
+        if fa == FLASH_ATTN_AUTO and _native.has_attn_layers():
+            choice = attn_choice.choose(
+                model_path,
+                tk.ggml_type,
+                tv.ggml_type,
+                n_ubatch=int(kwargs.get("n_ubatch", 512)),
+                n_ctx=int(kwargs.get("n_ctx", 512)) or attn_choice.context_length(_gguf.read_metadata(model_path)),
+                n_threads=kwargs.get("n_threads"),
+                device=attn_choice.model_device(gpu=int(kwargs.get("n_gpu_layers", 0)) != 0),
+            )
+        preferred = choice.mode if choice is not None and choice.how != "static" else None
+        with (
+            attn_choice.preferred(preferred),
+            _hooks.adjusting(model=adjust_model, context=adjust_context),
+            _logs.Capture() as cap,
+        ):
             try:
                 super().__init__(
                     model_path,
@@ -259,6 +287,10 @@ class Llama(llama_cpp.Llama):
             self._vq_flash_attn_mode = _native.flash_attn_type(self._ctx.ctx)
         else:
             self._vq_flash_attn_mode = FLASH_ATTN_ON if self._resolved_flash_attn(cap.text(), fa) else FLASH_ATTN_OFF
+        self._vq_attn_layers = (
+            attn_choice.parse_layers(_native.attn_layers(self._ctx.ctx)) if _native.has_attn_layers() else []
+        )
+        self._vq_flash_attn_why = _why(fa, choice, flash_attn_name(self._vq_flash_attn_mode))
         self._vq_swa_full = bool(swa_full)
         self._vq_chat_template = chat_template
         # llama-cpp-python's formatters only when asked for by name or handler
@@ -442,6 +474,19 @@ class Llama(llama_cpp.Llama):
     def flash_attn_mode(self) -> str:
         """The attention the context runs, "auto" resolved: "on", "off" or "prefill" (see the constructor)."""
         return flash_attn_name(self._vq_flash_attn_mode)
+
+    @property
+    def flash_attn_why(self) -> str:
+        """Why the context runs flash_attn_mode: "asked for", or for "auto" "measured ..." / "cached ..." (the
+        timings on this device, attn_choice.py), "static rule" (measuring off: LLAMA_VQ_ATTN_TUNE=0), or the
+        measured mode "passed over by the placement check" when it would move a layer's attention off its device."""
+        return self._vq_flash_attn_why
+
+    @property
+    def attention_layers(self) -> list[attn_choice.AttnLayers]:
+        """Per distinct layer kind (full, swa, mtp), types and device: the path of prompt and of decode batches,
+        as the context's placement check found them on that device (empty for a build without it)."""
+        return list(self._vq_attn_layers)
 
     @property
     def cache_types(self) -> tuple[str, str]:
