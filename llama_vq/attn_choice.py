@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -45,8 +46,9 @@ log = logging.getLogger("llama_vq.attn_choice")
 MARGIN = 0.05  # the other path must be more than 5 % faster (tok/s) to replace the static rule's
 DEPTH_CAP_ACCEL = 32768  # tokens of depth measured at most on an accelerator (first start <= ~10 s on an H100)
 DEPTH_CAP_CPU = 2048  # and on the CPU alone (2 cores: a few seconds)
-DECODE_STEPS = 8
-PROMPT_REPS = 2
+CPU_FILL_WORK = 2048**2 * 9 * 128  # SmolLM2's shape (9 heads, head size 64) at DEPTH_CAP_CPU
+DECODE_STEPS = 16
+PROMPT_REPS = 3
 
 FLASH, VQ = "flash", "llama-vq"
 
@@ -188,10 +190,15 @@ def _driver_version() -> str:
     return "unknown"
 
 
-def depth_for(n_ctx: int, accelerator: bool) -> int:
+def depth_for(n_ctx: int, accelerator: bool, shape: AttnShape | None = None) -> int:
     """The depth measured for a context of n_ctx cells: half of it (a request's mean depth over a full context),
-    capped (LLAMA_VQ_ATTN_TUNE_DEPTH, else 32768 on an accelerator, 2048 on the CPU), a multiple of 256, >= 256."""
+    capped (LLAMA_VQ_ATTN_TUNE_DEPTH, else 32768 on an accelerator; on the CPU alone 2048, less for wide shapes: the
+    fill's attention work, depth^2 x heads x (K + V head size), at most SmolLM2's at 2048, a few seconds on 2 cores),
+    a multiple of 256, >= 256."""
     cap = DEPTH_CAP_ACCEL if accelerator else DEPTH_CAP_CPU
+    if not accelerator and shape is not None:
+        width = shape.n_head * (shape.head_k + shape.head_v)
+        cap = min(cap, int(math.sqrt(CPU_FILL_WORK / width)))
     env = os.environ.get("LLAMA_VQ_ATTN_TUNE_DEPTH", "").strip()
     if env:
         try:
@@ -283,6 +290,8 @@ def _time_path(
             n = min(n_ubatch, depth - pos)
             run(pos, n)
             pos += n
+        # the fastest of several runs: on a busy machine a run is only ever slowed down (another process, a thread
+        # woken late), so the minimum is the path's own speed, for both paths alike
         prompt = float("inf")
         for _ in range(PROMPT_REPS):
             t0 = time.perf_counter()
@@ -291,10 +300,11 @@ def _time_path(
             llama_cpp.llama_memory_seq_rm(mem, 0, depth, -1)
         run(depth, 1)  # warm-up of the decode graph
         llama_cpp.llama_memory_seq_rm(mem, 0, depth, -1)
-        t0 = time.perf_counter()
+        decode = float("inf")
         for i in range(DECODE_STEPS):
+            t0 = time.perf_counter()
             run(depth + i, 1)
-        decode = (time.perf_counter() - t0) / DECODE_STEPS
+            decode = min(decode, time.perf_counter() - t0)
         return n_ubatch / prompt, 1.0 / decode
     finally:
         llama_cpp.llama_batch_free(batch)
@@ -504,7 +514,7 @@ def choose(
     except (OSError, ValueError) as e:
         log.warning("attention choice: %s; the static rule", e)
         return static
-    depth = depth_for(n_ctx, dev.accelerator)
+    depth = depth_for(n_ctx, dev.accelerator, shape)
     key = cache_key(dev, shape, type_k, type_v, n_ubatch, depth, n_threads)
     key_s = json.dumps(key, sort_keys=True)
     path = cache_path()

@@ -275,3 +275,32 @@ def test_tune_attn_command_prints_the_table_then_reads_the_cache(choice_env, lla
     assert "-fa auto: " in out and "(measured, " in out
     assert attn_choice.main(args) == 0
     assert "(cached;" in capsys.readouterr().out
+
+
+def test_server_measures_auto_then_reads_the_cache_and_says_so_per_layer_kind(llama_vq, smollm2_path, tmp_path):
+    import httpx
+    from server_support import running
+
+    env = {"LLAMA_VQ_ATTN_TUNE": "1", "LLAMA_VQ_ATTN_CACHE": str(tmp_path / "attn-choice.json")}
+    args = ("-ctk", "q8_0", "-ctv", "q4_0", "-ub", "128", "-b", "128", "-c", "512", "-t", "2")
+    hows = []
+    for run in ("first", "second"):
+        with running(smollm2_path, *args, log_dir=tmp_path / run, env=env) as srv:
+            props = httpx.get(srv.url + "/props", timeout=10).json()
+            log = srv.log()
+        att = props["attention"]
+        hows.append(att["choice"]["how"])
+        assert att["mode"] == att["choice"]["mode"]  # nothing passed over on the CPU
+        assert att["layers"] == [
+            {"kind": "full", "prompt": "flash" if att["mode"] != "off" else "llama-vq",
+             "decode": "flash" if att["mode"] == "on" else "llama-vq",
+             "type_k": "q8_0", "type_v": "q4_0", "device": "CPU", "n_layers": 30}
+        ]  # fmt: skip
+        assert f"attention mode {att['mode']} ({att['choice']['how']} at depth 256, ubatch 128" in log
+        assert "attention, full-attention layers (30): prompt " in log
+    assert hows == ["measured", "cached"]
+    # -fa asked for: no choice to make, the layers still said
+    with running(smollm2_path, *args, "-fa", "prefill", log_dir=tmp_path / "asked", env=env) as srv:
+        att = httpx.get(srv.url + "/props", timeout=10).json()["attention"]
+    assert (att["mode"], att["choice"]) == ("prefill", None)
+    assert [(a["prompt"], a["decode"]) for a in att["layers"]] == [("flash", "llama-vq")]
