@@ -7,6 +7,7 @@ import functools
 import os
 import re
 import socket
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -291,6 +292,8 @@ class Llama(llama_cpp.Llama):
             attn_choice.parse_layers(_native.attn_layers(self._ctx.ctx)) if _native.has_attn_layers() else []
         )
         self._vq_flash_attn_why = _why(fa, choice, flash_attn_name(self._vq_flash_attn_mode))
+        if kwargs.get("verbose", True):  # llama-cpp-python's default; llama.cpp has logged each layer kind's line
+            print(f"llama_vq: attention mode {self.flash_attn_mode} ({self._vq_flash_attn_why})", file=sys.stderr)
         self._vq_swa_full = bool(swa_full)
         self._vq_chat_template = chat_template
         # llama-cpp-python's formatters only when asked for by name or handler
