@@ -24,7 +24,8 @@
 #   6. attention modes, side by side in one binary: for the 8B shape (0/8K/32K) and MiMo's (0/64K),
 #      q4_0/q4_0 and q8_0/q4_1, prefill (pp512) and decode (tg64) with flash attention off (llama-vq's split
 #      non-FA attention), on, in prefill mode (FA for prompts, llama-vq's for decode) and unbounded (the non-FA
-#      attention without a scratch budget); prints which -fa to choose on this GPU (benchmarks/attn_modes.py); and
+#      attention without a scratch budget); prints which -fa to choose on this GPU (benchmarks/attn_modes.py) and
+#      what -fa auto measures and picks there (llama-vq-tune-attn: llama_vq/attn_choice.py, the code a start runs); and
 #      MiMo's split at 64K with V dequantized once per stream (LLAMA_VQ_ATTN_V_F16=1) beside its default
 # Env: GPU_TARGETS (gfx90a), HIP_VISIBLE_DEVICES (0: one GPU), REPS (llama-bench repetitions, 2), TG (decode tokens,
 #   64), DEPTHS_8B (0,8192,32768), DEPTHS_MIMO (0,65536), PAIRS_8B ("f16,f16 q4_0,q4_0 q8_0,q8_0": K,V pairs, f16
@@ -250,6 +251,13 @@ if [[ $steps == *" 6 "* ]]; then
                 --ctk "$2" --ctv "$3" --depths "$4" --reps 1 --out "$OUT" > "$OUT/attn-modes-$1.out" 2>&1 || fail=1
             if [ -f "$OUT/attn-modes-mi210-$1.md" ]; then cat "$OUT/attn-modes-mi210-$1.md" >> "$report"
             else log "attn_modes.py wrote no table for $1: $(tail -3 "$OUT/attn-modes-$1.out" | tr '\n' ' ')"; fail=1; fi
+            # what -fa auto measures and picks on this GPU (llama-vq-tune-attn, the code a start runs), at the
+            # table's deepest depth: its pick should be the table's best mode
+            d=${4##*,}
+            log "-fa auto's own measurement for $1 ($2/$3, depth $d):"
+            LLAMA_VQ_ATTN_CACHE="$OUT/attn-choice.json" LLAMA_VQ_ATTN_TUNE_DEPTH="$d" "$py" -m llama_vq.attn_choice \
+                -m "$models/synth-$1.gguf" -ctk "$2" -ctv "$3" -ub 512 -c $(( 2 * d )) --force \
+                >> "$report" 2> "$OUT/tune-attn-$1.out" || { log "llama-vq-tune-attn failed for $1"; fail=1; }
         done
         # the split with V dequantized once per stream (LLAMA_VQ_ATTN_V_F16=1; off by default: +5 % prefill on an
         # H100 for +233 MiB of compute buffer at 128K, ub 2048): set its pp512 at 64K beside the table's "off" row

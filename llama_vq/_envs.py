@@ -108,6 +108,50 @@ VARS: tuple[EnvVar, ...] = (
     ),
     # ---- the native library ----
     _v(
+        "LLAMA_VQ_ATTN_TUNE",
+        "package",
+        "1|0",
+        "1",
+        "-fa auto measured on the device (llama_vq/attn_choice.py, cached on disk); 0 keeps the static rule",
+        "llama_vq/attn_choice.py",
+    ),
+    _v(
+        "LLAMA_VQ_ATTN_CACHE",
+        "package",
+        "path",
+        None,
+        "the file -fa auto's measured choices are cached in (default $XDG_CACHE_HOME/llama-vq/attn-choice.json, "
+        "else ~/.cache/llama-vq/attn-choice.json)",
+        "llama_vq/attn_choice.py",
+    ),
+    _v(
+        "LLAMA_VQ_ATTN_TUNE_DEPTH",
+        "package",
+        "tokens",
+        None,
+        "cap on the depth -fa auto's measurement runs at (default 32768 on an accelerator; on the CPU 2048, less for "
+        "shapes wider than SmolLM2's)",
+        "llama_vq/attn_choice.py",
+    ),
+    _v(
+        "LLAMA_VQ_FA_AUTO",
+        "native",
+        "on|off|prefill",
+        None,
+        "the mode the native -fa auto tries first (the placement check still applies); llama_vq sets it from the "
+        "measured choice while a context is created",
+        "0018-llama-flash-attn-prefill-mode",
+    ),
+    _v(
+        "LLAMA_VQ_ATTN_UNSUPPORTED",
+        "native,tests",
+        "ggml op names, comma-separated",
+        None,
+        "for tests: the attention placement check treats these ops as unsupported on a layer's device (the refusal "
+        "of a mode that would move a layer's attention off its device)",
+        "0018-llama-flash-attn-prefill-mode",
+    ),
+    _v(
         "LLAMA_VQ_ATTN_SCRATCH_MIB",
         "native",
         "MiB",
@@ -449,6 +493,16 @@ REMOVED: tuple[tuple[str, str, str], ...] = (
     ("LLAMA_VQ_CUDA_FUSED_ATTN_MIN_TILES", "tiles per split at least", "`AD_SPLIT_MIN_TILES` 1"),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_MAX_COLS", "fuse up to N query columns per KV head", "`ATTN_DECODE_MAX_COLS` 128"),
 )
+
+
+def set_value(name: str, value: str | None) -> None:
+    """Set (or with None, remove) the declared variable ``name`` in this process's environment, for native code that
+    reads it. KeyError for a name that is not declared here."""
+    BY_NAME[name]
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def get(name: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -55,6 +55,7 @@ LLAMA_VQ_FUNCTIONS: _cdll.Signatures = {
     "llama_vq_compute_buffer_size": ([_vp], _sz),
     # 0018-llama-flash-attn-prefill-mode
     "llama_vq_flash_attn_type": ([_vp], _i),
+    "llama_vq_attn_layers": ([_vp], ctypes.c_char_p),
 }
 
 
@@ -248,3 +249,8 @@ def compute_buffer_size(ctx: int) -> int:
 def flash_attn_type(ctx: int) -> int:
     """The attention a context runs, "auto" resolved: 1 (flash attention), 0 (without), 2 (prefill mode)."""
     return int(_llama().llama_vq_flash_attn_type(ctypes.c_void_p(ctx)))
+
+
+def attn_layers(ctx: int) -> str:
+    """llama_vq_attn_layers(): one line per distinct layer kind of a context (attn_choice.parse_layers)."""
+    return (_llama().llama_vq_attn_layers(ctypes.c_void_p(ctx)) or b"").decode()

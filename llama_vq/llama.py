@@ -7,13 +7,14 @@ import functools
 import os
 import re
 import socket
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import llama_cpp
 
-from . import _backends, _chat_completion, _llama_cpp, _logs
+from . import _backends, _chat_completion, _gguf, _llama_cpp, _logs, attn_choice
 from ._build import build_info
 from ._validate import check_cache_config
 from .cache_types import (
@@ -91,6 +92,16 @@ def _parse_overrides(overrides: Iterable[tuple[str, str] | str] | None) -> list[
         except re.error as e:
             raise TensorOverrideError(f"tensor override pattern {pattern!r} is not a valid regex: {e}") from e
     return out
+
+
+def _why(requested: int, choice: attn_choice.Choice | None, mode: str) -> str:
+    if requested != FLASH_ATTN_AUTO:
+        return "asked for"
+    if choice is None:
+        return "static rule"
+    if choice.how != "static" and choice.mode != mode:
+        return f"{choice.why()}; {choice.mode} passed over by the placement check"
+    return choice.why()
 
 
 class Llama(llama_cpp.Llama):
@@ -217,7 +228,25 @@ class Llama(llama_cpp.Llama):
             params.n_seq_max = n_seq_max
             params.kv_unified = kv_unified
 
-        with _llama_cpp.adjusting(model=adjust_model, context=adjust_context), _logs.Capture() as cap:
+        # "auto": the mode measured on this device (cached after the first time) is the one the native auto tries
+        # first; its placement check may still pass it over (attn_choice.py)
+        choice = None
+        if fa == FLASH_ATTN_AUTO:
+            choice = attn_choice.choose(
+                model_path,
+                tk.ggml_type,
+                tv.ggml_type,
+                n_ubatch=int(kwargs.get("n_ubatch", 512)),
+                n_ctx=int(kwargs.get("n_ctx", 512)) or attn_choice.context_length(_gguf.read_metadata(model_path)),
+                n_threads=kwargs.get("n_threads"),
+                device=attn_choice.model_device(gpu=int(kwargs.get("n_gpu_layers", 0)) != 0),
+            )
+        preferred = choice.mode if choice is not None and choice.how != "static" else None
+        with (
+            attn_choice.preferred(preferred),
+            _llama_cpp.adjusting(model=adjust_model, context=adjust_context),
+            _logs.Capture() as cap,
+        ):
             try:
                 super().__init__(
                     model_path,
@@ -244,6 +273,10 @@ class Llama(llama_cpp.Llama):
         self._vq_type_k_swa, self._vq_type_v_swa = tk_swa, tv_swa
         self._vq_flash_attn_requested = fa
         self._vq_flash_attn_mode = _llama_cpp.flash_attn_type(self._ctx.ctx)
+        self._vq_attn_layers = attn_choice.parse_layers(_llama_cpp.attn_layers(self._ctx.ctx))
+        self._vq_flash_attn_why = _why(fa, choice, flash_attn_name(self._vq_flash_attn_mode))
+        if kwargs.get("verbose", True):  # llama-cpp-python's default; llama.cpp has logged each layer kind's line
+            print(f"llama_vq: attention mode {self.flash_attn_mode} ({self._vq_flash_attn_why})", file=sys.stderr)
         self._vq_swa_full = bool(swa_full)
         self._vq_chat_template = chat_template
         # llama-cpp-python's formatters only when asked for by name or handler
@@ -407,17 +440,6 @@ class Llama(llama_cpp.Llama):
         rest = super()._init_sampler(**kwargs)
         return grammar.chain(llama_cpp.llama_model_get_vocab(self.model), rest)
 
-    @staticmethod
-    def _resolved_flash_attn(log: str, requested: int) -> bool:
-        if requested != FLASH_ATTN_AUTO:
-            return requested == FLASH_ATTN_ON
-        if re.search(r"Flash Attention not supported, set to disabled", log):
-            return False
-        if re.search(r"Flash Attention enabled", log):
-            return True
-        m = re.search(r"flash_attn\s*=\s*(enabled|disabled)", log)
-        return bool(m and m.group(1) == "enabled")
-
     @property
     def flash_attn(self) -> bool:
         """Whether the context runs flash attention, for every batch ("on") or for prompt batches ("prefill")."""
@@ -427,6 +449,19 @@ class Llama(llama_cpp.Llama):
     def flash_attn_mode(self) -> str:
         """The attention the context runs, "auto" resolved: "on", "off" or "prefill" (see the constructor)."""
         return flash_attn_name(self._vq_flash_attn_mode)
+
+    @property
+    def flash_attn_why(self) -> str:
+        """Why the context runs flash_attn_mode: "asked for", or for "auto" "measured ..." / "cached ..." (the
+        timings on this device, attn_choice.py), "static rule" (measuring off: LLAMA_VQ_ATTN_TUNE=0), or the
+        measured mode "passed over by the placement check" when it would move a layer's attention off its device."""
+        return self._vq_flash_attn_why
+
+    @property
+    def attention_layers(self) -> list[attn_choice.AttnLayers]:
+        """Per distinct layer kind (full, swa, mtp), types and device: the path of prompt and of decode batches,
+        as the context's placement check found them on that device (empty for a build without it)."""
+        return list(self._vq_attn_layers)
 
     @property
     def cache_types(self) -> tuple[str, str]:

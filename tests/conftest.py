@@ -17,6 +17,10 @@ from skip_support import CI_ENV, is_platform_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# -fa auto's measured choice (llama_vq.attn_choice) is off for the suite: the attention tests pin the static rule, and
+# no test writes the user's choice cache; tests/test_attn_choice.py turns it on with a cache file of its own
+os.environ.setdefault("LLAMA_VQ_ATTN_TUNE", "0")
+
 
 @pytest.fixture(scope="session")
 def llama_vq():

@@ -25,7 +25,7 @@ import uvicorn
 
 from .app import create_app
 from .engine import Engine, EngineError
-from .kv_line import kv_cache_line
+from .kv_line import attention_lines, kv_cache_line, resolve_attn_choice
 from .metrics import Metrics
 from .middleware import Readiness
 from .options import OptionError, help_text, split_argv
@@ -95,6 +95,11 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
     async def load() -> None:
         try:
             engine.set_swa_cache_types(settings.cache_type_k_swa, settings.cache_type_v_swa)
+            # -fa auto: the mode measured on this device (cached after the first start), tried first by the
+            # native auto (attn_choice.py); before the engine creates its context
+            choice = await loop.run_in_executor(None, resolve_attn_choice, engine.params)
+            if choice is not None:
+                engine.set_attn_choice(choice)
             await asyncio.wrap_future(engine.start())
         except EngineError as e:
             log.error("%s", e)
@@ -107,6 +112,8 @@ async def serve(engine: Engine, settings: Settings, state: StateDir | None, sock
         kv = engine.kv_cache()
         if kv is not None:  # before /health turns 200: a client that sees it ready can read the line
             log.info("%s", kv_cache_line(kv))
+            for line in attention_lines(kv, choice):
+                log.info("%s", line)
         readiness.set()
         log.info("model loaded; serving on %s", _where(settings))
 

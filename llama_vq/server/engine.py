@@ -33,6 +33,7 @@ SERVER = _cdll.Library(
         "llama_vq_server_params": ([_p], _p),
         "llama_vq_server_routes": ([_p], _p),
         "llama_vq_server_set_swa_cache_types": ([_p, _c.c_int, _c.c_int], None),
+        "llama_vq_server_set_attn_choice": ([_p, _c.c_char_p], None),
         "llama_vq_server_load": ([_p], _c.c_int),
         "llama_vq_server_state": ([_p], _p),
         "llama_vq_server_kv_cache": ([_p], _p),
@@ -51,7 +52,7 @@ SERVER = _cdll.Library(
         "llama_vq_server_string_free": ([_p], None),
     },
     abi_function="llama_vq_server_abi_version",
-    abi_version=3,
+    abi_version=4,
     error=EngineError,
 )
 
@@ -168,6 +169,10 @@ class Engine:
         _native().llama_vq_server_set_swa_cache_types(
             self._h, -1 if type_k is None else type_k, -1 if type_v is None else type_v
         )
+
+    def set_attn_choice(self, choice: dict[str, Any]) -> None:
+        """What -fa auto was resolved from (attn_choice.Choice.as_dict()): /props carries it. Before start()."""
+        _native().llama_vq_server_set_attn_choice(self._h, json.dumps(choice).encode())
 
     def start(self) -> cf.Future[None]:
         """Load the model(s), then run the task loop, both on one thread of its own ("llama-vq-engine").

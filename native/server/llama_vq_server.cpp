@@ -3,6 +3,8 @@
 
 #include "llama_vq_server_impl.h"
 
+#include <sstream>
+
 using namespace llama_vq_detail;
 
 namespace {
@@ -38,10 +40,62 @@ server_http_res_ptr feature_disabled(const server_http_req &) {
 
 } // namespace
 
+// each distinct layer kind's attention (llama_vq_attn_layers), for /props and the start-up line
+static json attention_layers(llama_context * ctx) {
+    json out = json::array();
+    std::istringstream rows(llama_vq_attn_layers(ctx));
+    std::string row;
+    while (std::getline(rows, row)) {
+        std::vector<std::string> f;
+        std::istringstream cols(row);
+        std::string col;
+        while (std::getline(cols, col, '\t')) {
+            f.push_back(col);
+        }
+        if (f.size() == 7) {
+            out.push_back({{"kind", f[0]}, {"prompt", f[1]}, {"decode", f[2]}, {"type_k", f[3]}, {"type_v", f[4]},
+                           {"device", f[5]}, {"n_layers", std::stoi(f[6])}});
+        }
+    }
+    return out;
+}
+
+static const char * attention_mode_name(enum llama_flash_attn_type t) {
+    switch (t) {
+        case LLAMA_FLASH_ATTN_TYPE_ENABLED:  return "on";
+        case LLAMA_FLASH_ATTN_TYPE_DISABLED: return "off";
+        case LLAMA_FLASH_ATTN_TYPE_PREFILL:  return "prefill";
+        default:                             return "auto";
+    }
+}
+
+// GET /props with llama-vq's "attention": the mode, why (the front end's choice for -fa auto), and each layer kind
+static server_http_res_ptr with_attention(const llama_vq_server * srv, server_http_res_ptr res) {
+    llama_context * ctx = srv->ctx_server.get_llama_context();
+    if (res == nullptr || res->status != 200 || res->next != nullptr || ctx == nullptr) {
+        return res;
+    }
+    try {
+        json doc = json::parse(res->data);
+        if (!doc.is_object()) {
+            return res;
+        }
+        doc["attention"] = {
+            {"mode",   attention_mode_name(llama_vq_flash_attn_type(ctx))},
+            {"choice", srv->attn_choice.empty() ? json(nullptr) : json::parse(srv->attn_choice)},
+            {"layers", attention_layers(ctx)},
+        };
+        res->data = safe_json_to_str(doc);
+    } catch (...) {
+        // a body that is not JSON (common_json_error) goes out as the engine made it
+    }
+    return res;
+}
+
 extern "C" {
 
 int llama_vq_server_abi_version(void) {
-    return 3;
+    return 4;
 }
 
 llama_vq_server * llama_vq_server_create(int argc, const char * const * argv, char ** error_json) {
@@ -74,8 +128,15 @@ llama_vq_server * llama_vq_server_create(int argc, const char * const * argv, ch
         server_stream_session_manager_start();
 
         srv->routes = std::make_unique<server_routes>(srv->params, srv->ctx_server);
+        llama_vq_server * self = srv.get();
         srv->routes->for_each_route([&](const std::string & method, const std::string & path,
                                         const server_http_context::handler_t & handler) {
+            if (method == "GET" && path == "/props") {
+                srv->table.push_back({method, path, [self, handler](const server_http_req & req) {
+                    return with_attention(self, handler(req));
+                }});
+                return;
+            }
             srv->table.push_back({method, path, handler});
         });
 
@@ -136,6 +197,12 @@ char * llama_vq_server_params(const llama_vq_server * srv) {
             {"ssl",              !p.ssl_file_key.empty() || !p.ssl_file_cert.empty()},
             {"tools",            srv->has_tools},
             {"ui_mcp_proxy",     p.ui_mcp_proxy},
+            {"flash_attn_type",  (int) p.flash_attn_type},
+            {"cache_type_k",     (int) p.cache_type_k},
+            {"cache_type_v",     (int) p.cache_type_v},
+            {"n_ubatch",         p.n_ubatch},
+            {"n_gpu_layers",     p.n_gpu_layers},
+            {"n_threads",        p.cpuparams.n_threads},
         };
         return dup_string(out.dump());
     } catch (const std::exception & e) {
@@ -149,6 +216,10 @@ char * llama_vq_server_routes(const llama_vq_server * srv) {
         out.push_back({{"method", r.method}, {"path", r.path}});
     }
     return dup_string(out.dump());
+}
+
+void llama_vq_server_set_attn_choice(llama_vq_server * srv, const char * choice_json) {
+    srv->attn_choice = choice_json != nullptr ? choice_json : "";
 }
 
 void llama_vq_server_set_swa_cache_types(llama_vq_server * srv, int type_k, int type_v) {
@@ -194,6 +265,7 @@ char * llama_vq_server_kv_cache(const llama_vq_server * srv) {
             {"k_bytes",    k_bytes},
             {"v_bytes",    v_bytes},
             {"flash_attn", (int) llama_vq_flash_attn_type(ctx)},
+            {"attn_layers", attention_layers(ctx)},
         };
         ggml_type type_k_swa = GGML_TYPE_F16;
         ggml_type type_v_swa = GGML_TYPE_F16;

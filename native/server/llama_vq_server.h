@@ -46,7 +46,9 @@ LLAMA_VQ_SERVER_API struct llama_vq_server * llama_vq_server_create(int argc, co
 // "cors_origins", "cors_methods", "cors_headers", "cors_credentials", "timeout_read", "timeout_write",
 // "n_parallel", "n_ctx", "split_mode": "none"|"layer"|"row"|"tensor", "model_path", "model_alias": [...],
 // "slot_save_path", "sleep_idle_seconds", "endpoint_metrics", "endpoint_slots", "endpoint_props", "ssl",
-// "tools": bool, "ui_mcp_proxy": bool (--ui-mcp-proxy: the front end serves /cors-proxy)}.
+// "tools": bool, "ui_mcp_proxy": bool (--ui-mcp-proxy: the front end serves /cors-proxy), "flash_attn_type"
+// (-1 auto, 0 off, 1 on, 2 prefill), "cache_type_k", "cache_type_v" (ggml type ids), "n_ubatch", "n_gpu_layers",
+// "n_threads"}.
 LLAMA_VQ_SERVER_API char * llama_vq_server_params(const struct llama_vq_server * srv);
 
 // The routes, in llama-server's registration order: [{"method": "GET"|"POST"|"DELETE", "path": "/slots/:id_slot"}].
@@ -57,6 +59,10 @@ LLAMA_VQ_SERVER_API char * llama_vq_server_routes(const struct llama_vq_server *
 // libllama's LLAMA_VQ_CACHE_TYPE_K_SWA / _V_SWA of this process. Before load().
 LLAMA_VQ_SERVER_API void llama_vq_server_set_swa_cache_types(struct llama_vq_server * srv, int type_k, int type_v);
 
+// What -fa auto was resolved from, as JSON (the front end's measured or cached choice: mode, how, why, timings);
+// GET /props carries it under "attention" with the mode and each layer kind's paths, types and device. Before load().
+LLAMA_VQ_SERVER_API void llama_vq_server_set_attn_choice(struct llama_vq_server * srv, const char * choice_json);
+
 // Load the model(s) and create the contexts. Blocks; returns 0 on success, -1 on failure.
 LLAMA_VQ_SERVER_API int llama_vq_server_load(struct llama_vq_server * srv);
 
@@ -64,7 +70,8 @@ LLAMA_VQ_SERVER_API int llama_vq_server_load(struct llama_vq_server * srv);
 LLAMA_VQ_SERVER_API char * llama_vq_server_state(const struct llama_vq_server * srv);
 
 // The KV cache of the loaded context, for the start-up line: {"type_k", "type_v": ggml type names, "n_cells",
-// "k_bytes", "v_bytes", "flash_attn": 0 off | 1 on | 2 prefill mode (llama_vq_flash_attn_type), and for an iSWA
+// "k_bytes", "v_bytes", "flash_attn": 0 off | 1 on | 2 prefill mode (llama_vq_flash_attn_type), "attn_layers": [{"kind":
+// "full"|"swa"|"mtp", "prompt", "decode": "flash"|"llama-vq", "type_k", "type_v", "device", "n_layers"}], and for an iSWA
 // model "type_k_swa", "type_v_swa", "swa_k_bytes", "swa_v_bytes" (their share of k_bytes, v_bytes)}; NULL before
 // a successful load() or when the memory is not a KV cache. Free with llama_vq_server_string_free.
 LLAMA_VQ_SERVER_API char * llama_vq_server_kv_cache(const struct llama_vq_server * srv);

@@ -81,6 +81,9 @@ struct llama_vq_server {
     int swa_type_k = -1;
     int swa_type_v = -1;
 
+    // what -fa auto was resolved from (llama_vq.attn_choice, as JSON: mode, how, why, timings); /props carries it
+    std::string attn_choice;
+
     mutable std::mutex mtx;
     llama_vq_detail::vq_state state = llama_vq_detail::vq_state::created;
     json progress = nullptr;
