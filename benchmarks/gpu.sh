@@ -95,9 +95,8 @@ gen() {
         > '$M/gen-$name.log' 2>&1 && mv '$M/tmp-$name.gguf' '$M/synth-$name.gguf'" < /dev/null > /dev/null 2>&1 &
 }
 
-# model NAME: gen's model NAME (llama8b, mimo, mimo-tiny, llama-tiny, cpu-moe), $M/synth-NAME.gguf, started if
-# needed and waited for; its generator's log and exit 1 if the generator died
-model() {
+# start_model NAME: gen's model NAME (llama8b, mimo, mimo-tiny, llama-tiny, cpu-moe) started if needed
+start_model() {
     case "$1" in
         llama8b) gen llama8b llama --preset llama-3.1-8b ;;
         mimo) gen mimo mimo --preset attn ;;
@@ -106,6 +105,11 @@ model() {
         cpu-moe) gen cpu-moe mimo --preset cpu-moe ;;
         *) echo "no synthetic model $1" >&2; exit 2 ;;
     esac
+}
+
+# model NAME: $M/synth-NAME.gguf, started if needed and waited for; its generator's log and exit 1 if it died
+model() {
+    start_model "$1"
     while [ ! -f "$M/synth-$1.gguf" ]; do
         if ! pgrep -f "tmp-$1.gguf" > /dev/null && [ ! -f "$M/synth-$1.gguf" ]; then cat "$M/gen-$1.log"; exit 1; fi
         sleep 2
@@ -146,13 +150,7 @@ case "$measurement" in
 build)
     nproc
     for m in ${MODELS:-llama8b mimo mimo-tiny llama-tiny cpu-moe}; do  # MODELS: the synthetic models to generate
-        case "$m" in
-            llama8b) gen llama8b llama --preset llama-3.1-8b ;;
-            mimo) gen mimo mimo --preset attn ;;
-            mimo-tiny) gen mimo-tiny mimo --preset tiny ;;
-            llama-tiny) gen llama-tiny llama --preset tiny ;;
-            cpu-moe) gen cpu-moe mimo --preset cpu-moe ;;
-        esac
+        start_model "$m"
     done
     if ! built && ! pgrep -f "cmake --build $B" > /dev/null && ! pgrep -f "cmake -S $here" > /dev/null; then
         use_python

@@ -197,6 +197,43 @@ static __device__ __forceinline__ void ad_wait_all_but_newest() {
 #endif // CP_ASYNC_AVAILABLE
 }
 
+// the K and V rows of cells [t0, t0 + tn) into a tile buffer (k_sh, v_sh), all threads of the block, as ad_stage
+static __device__ __forceinline__ void ad_stage_tile(const attn_decode_params & p, char * k_sh, char * v_sh,
+        const char * kbase, const char * vbase, const int t0, const int tn) {
+    ad_stage(k_sh, kbase + (int64_t) t0*p.k_nb1, p.k_nb1, p.gk, tn);
+    ad_stage(v_sh, vbase + (int64_t) t0*p.v_nb1, p.v_nb1, p.gv, tn);
+}
+
+// the top of the tile at cell t0 (the it-th of a split ending at c_end; buffers kbuf / vbuf bytes apart): with two
+// buffers the next tile's copies issued into the other one (its barrier was the previous tile's last) and this
+// tile's awaited, an empty group on the last tile keeping the count; with one, this tile's awaited. A barrier must
+// follow. Returns this tile's buffer.
+static __device__ __forceinline__ int ad_tile_wait(const attn_decode_params & p, char * k_sh0, char * v_sh0,
+        const int kbuf, const int vbuf, const char * kbase, const char * vbase, const int t0, const int it,
+        const int c_end, const bool two) {
+    if (!two) {
+        ad_wait_all();
+        return 0;
+    }
+    const int b = it & 1;
+    if (t0 + AD_TC < c_end) {
+        ad_stage_tile(p, k_sh0 + (b ^ 1)*kbuf, v_sh0 + (b ^ 1)*vbuf, kbase, vbase, t0 + AD_TC,
+            min(AD_TC, c_end - t0 - AD_TC));
+    }
+    ad_commit();
+    ad_wait_all_but_newest(); // this tile's K and V have landed
+    return b;
+}
+
+// the bottom of the tile at t0, after the barrier that frees its buffers: with one buffer, the next tile staged into it
+static __device__ __forceinline__ void ad_tile_next(const attn_decode_params & p, char * k_sh0, char * v_sh0,
+        const char * kbase, const char * vbase, const int t0, const int c_end, const bool two) {
+    if (!two && t0 + AD_TC < c_end) {
+        ad_stage_tile(p, k_sh0, v_sh0, kbase, vbase, t0 + AD_TC, min(AD_TC, c_end - t0 - AD_TC));
+        ad_commit();
+    }
+}
+
 // the block's query columns staged for K*Q: the queries (padded columns 0, scaled by 1/sqrt(n) and rotated in place
 // for a rotated K cache, as mmvq-short), then as int8 per 32 values, as ggml's q8_0/q8_1 (d = amax/127,
 // q = round(x/d), and d*sum(q)), so that K*Q runs on dp4a with the K blocks' own integers as the CPU's vec_dot and
@@ -585,8 +622,7 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
     ggml_cuda_pdl_sync();
 
     // the first tile's K and V: their loads overlap the queries' staging
-    ad_stage(k_sh0, kbase + (int64_t) c_begin*p.k_nb1, p.k_nb1, p.gk, min(AD_TC, c_end - c_begin));
-    ad_stage(v_sh0, vbase + (int64_t) c_begin*p.v_nb1, p.v_nb1, p.gv, min(AD_TC, c_end - c_begin));
+    ad_stage_tile(p, k_sh0, v_sh0, kbase, vbase, c_begin, min(AD_TC, c_end - c_begin));
     ad_commit();
 
     ad_load_queries(p, q_sh, qi_sh, qd_sh, moff, m_sh, l_sh, a_sh, col0, nc, ncp, h, s);
@@ -618,27 +654,12 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
 
     // tile it sits in buffer it % nbuf. Two buffers: the next tile's K and V are copied while this tile's phases run
     // (cp.async), and each tile waits once. One buffer (no cp.async: HIP): the next tile is staged after this one.
+    const bool two = AD_NBUF_MAX == 2 && p.nbuf == 2;
     for (int t0 = c_begin, it = 0; t0 < c_end; t0 += AD_TC, ++it) {
-        const int  tn   = min(AD_TC, c_end - t0);
-        const bool two  = AD_NBUF_MAX == 2 && p.nbuf == 2;
-        const int  b    = two ? (it & 1) : 0;
-        const bool next = t0 + AD_TC < c_end;
+        const int tn = min(AD_TC, c_end - t0);
+        const int b  = ad_tile_wait(p, k_sh0, v_sh0, kbuf, vbuf, kbase, vbase, t0, it, c_end, two);
         const char * k_sh = k_sh0 + b*kbuf;
         const char * v_sh = v_sh0 + b*vbuf;
-
-        if (two) {
-            // the other buffer is free (barrier at the end of the previous tile); an empty group on the last tile
-            // keeps the count
-            if (next) {
-                const int tn1 = min(AD_TC, c_end - t0 - AD_TC);
-                ad_stage(k_sh0 + (b ^ 1)*kbuf, kbase + (int64_t) (t0 + AD_TC)*p.k_nb1, p.k_nb1, p.gk, tn1);
-                ad_stage(v_sh0 + (b ^ 1)*vbuf, vbase + (int64_t) (t0 + AD_TC)*p.v_nb1, p.v_nb1, p.gv, tn1);
-            }
-            ad_commit();
-            ad_wait_all_but_newest(); // this tile's K and V have landed
-        } else {
-            ad_wait_all();
-        }
         __syncthreads();
 
         // A. scores
@@ -697,13 +718,7 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
             }
         }
         __syncthreads(); // this tile's buffers and s_sh are free
-
-        if (!two && next) {
-            const int tn1 = min(AD_TC, c_end - t0 - AD_TC);
-            ad_stage(k_sh0, kbase + (int64_t) (t0 + AD_TC)*p.k_nb1, p.k_nb1, p.gk, tn1);
-            ad_stage(v_sh0, vbase + (int64_t) (t0 + AD_TC)*p.v_nb1, p.v_nb1, p.gv, tn1);
-            ad_commit();
-        }
+        ad_tile_next(p, k_sh0, v_sh0, kbase, vbase, t0, c_end, two);
     }
 
     // the cells are done: the next kernel (the combine, or the output's consumer) may start launching; it waits for

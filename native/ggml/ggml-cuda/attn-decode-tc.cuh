@@ -163,8 +163,7 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     // everything above is index arithmetic: the kernel before may still be running (programmatic dependent launch)
     ggml_cuda_pdl_sync();
 
-    ad_stage(k_sh0, kbase + (int64_t) c_begin*p.k_nb1, p.k_nb1, p.gk, min(AD_TC, c_end - c_begin));
-    ad_stage(v_sh0, vbase + (int64_t) c_begin*p.v_nb1, p.v_nb1, p.gv, min(AD_TC, c_end - c_begin));
+    ad_stage_tile(p, k_sh0, v_sh0, kbase, vbase, c_begin, min(AD_TC, c_end - c_begin));
     ad_commit();
 
     // the queries: int8 per 32 values into qi_sh / qd_sh (padded columns 0), the mask rows' offsets (ends with a barrier)
@@ -205,25 +204,13 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     // columns +0 (i < 2) or +8 (i >= 2) of a pair of n-tiles
     const half * vrow = vw + ((lane % 8) + 8*((lane / 8) % 2))*VWS + 8*(lane / 16);
 
+    const bool two = AD_NBUF_MAX == 2 && p.nbuf == 2;
     for (int t0 = c_begin, it = 0; t0 < c_end; t0 += AD_TC, ++it) {
         const int  tn   = min(AD_TC, c_end - t0);
-        const bool two  = AD_NBUF_MAX == 2 && p.nbuf == 2;
-        const int  buf  = two ? (it & 1) : 0;
         const bool next = t0 + AD_TC < c_end;
+        const int  buf  = ad_tile_wait(p, k_sh0, v_sh0, kbuf, vbuf, kbase, vbase, t0, it, c_end, two);
         const char * k_sh = k_sh0 + buf*kbuf;
         const char * v_sh = v_sh0 + buf*vbuf;
-
-        if (two) {
-            if (next) {
-                const int tn1 = min(AD_TC, c_end - t0 - AD_TC);
-                ad_stage(k_sh0 + (buf ^ 1)*kbuf, kbase + (int64_t) (t0 + AD_TC)*p.k_nb1, p.k_nb1, p.gk, tn1);
-                ad_stage(v_sh0 + (buf ^ 1)*vbuf, vbase + (int64_t) (t0 + AD_TC)*p.v_nb1, p.v_nb1, p.gv, tn1);
-            }
-            ad_commit();
-            ad_wait_all_but_newest();
-        } else {
-            ad_wait_all();
-        }
         __syncthreads();
 
         const int wc0 = 16*warp; // the warp's first cell in the tile
@@ -320,12 +307,7 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             }
         }
         __syncthreads(); // this tile's buffers are free
-        if (!two && next) {
-            const int tn1 = min(AD_TC, c_end - t0 - AD_TC);
-            ad_stage(k_sh0, kbase + (int64_t) (t0 + AD_TC)*p.k_nb1, p.k_nb1, p.gk, tn1);
-            ad_stage(v_sh0, vbase + (int64_t) (t0 + AD_TC)*p.v_nb1, p.v_nb1, p.gv, tn1);
-            ad_commit();
-        }
+        ad_tile_next(p, k_sh0, v_sh0, kbase, vbase, t0, c_end, two);
     }
 
     ggml_cuda_pdl_lc();
