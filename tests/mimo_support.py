@@ -6,18 +6,12 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from chat_support import GET_TIME  # noqa: F401 - the MiMo tests' tool, shared with the other chat tests
+
 DATA = Path(__file__).resolve().parent / "data"
 MIMO_TEMPLATE = DATA / "mimo-v2-flash.jinja"
 DEFAULT_SYSTEM = "You are MiMo, a helpful AI assistant engineered by Xiaomi."
 
-GET_TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Current time in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 RUN = {
     "type": "function",
     "function": {
