@@ -73,6 +73,21 @@ setup() {
     "$py" -c "import llama_vq; llama_vq.default_model_path()"
 }
 
+# what a run starts from, so that a log shows whether its minutes were a cold machine's: each cache present or not
+cache_state() {
+    local c=${XDG_CACHE_HOME:-$HOME/.cache} items=()
+    local cc; cc=$(ccache -s 2>/dev/null | awk -F: '/Cache size/ {print $2; exit}' | awk '{print $1}') || true
+    items+=("ccache ${cc:-none} GB")
+    [ -d "$c/pip" ] && items+=("pip cache") || items+=("no pip cache")
+    [ -d "$c/llama-vq/hip-toolchain" ] && items+=("HIP chroot") || items+=("no HIP chroot")
+    [ -d "$here/build" ] && items+=("build/") || items+=("no build/")
+    [ -x "$venv/bin/python" ] && items+=(".venv") || items+=("no .venv")
+    log "starting from: $(printf '%s; ' "${items[@]}")"
+}
+
+# phase NAME SECONDS: one line per phase of the test command, for a regression of minutes to show in CI's log
+phase() { log "phase $1: $2 s"; }
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -82,15 +97,19 @@ case "$cmd" in
     test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}
            export LLAMA_VQ_TOOLS=${LLAMA_VQ_TOOLS-llama-bench,llama-perplexity,ggml-rpc-server,test-save-load-state}
            if [ $# -eq 0 ]; then export LLAMA_VQ_HIP_BUILD_DIR="$here/build/hip-background"; fi
-           setup
-           PYTHON="$venv/bin/python" bash scripts/lint.sh
+           cache_state
+           t=$SECONDS; setup; phase set-up $((SECONDS - t))
+           t=$SECONDS; PYTHON="$venv/bin/python" bash scripts/lint.sh; phase lint $((SECONDS - t))
            [ $# -gt 0 ] && exec "$venv/bin/pytest" "$@"
            # the whole suite: one pytest-xdist worker per core, each taking whole files (a module's server or
            # build stays one) in collection order (conftest.py: the longest files first; xdist's default order
            # is by number of tests), then the tests that measure speed or latency (marker timing), alone
            rc=0
+           t=$SECONDS
            "$venv/bin/pytest" -n "$(nproc)" --dist loadfile --no-loadscope-reorder -m "not timing" || rc=$?
-           "$venv/bin/pytest" -m timing || rc=$?
+           phase "suite (the gfx90a build and the kernel emulations inside it: its slowest durations above)" \
+               $((SECONDS - t))
+           t=$SECONDS; "$venv/bin/pytest" -m timing || rc=$?; phase "timing tests" $((SECONDS - t))
            exit $rc ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
 esac
