@@ -128,7 +128,9 @@ def buffers(a: argparse.Namespace, mode: str, n_ctx: int, ubatch: int, log) -> d
             m = re.search(r"llama_kv_cache: +(\S+) KV buffer size = +([0-9.]+) MiB", line)
             if m:
                 out[f"kv {m.group(1)}"] = out.get(f"kv {m.group(1)}", 0.0) + float(m.group(2))
-            m = re.search(r"(prefill mode|for every batch|Flash Attention (enabled|not supported))", line)
+            m = re.search(
+                r"(attention mode \S+ \(|prefill mode|for every batch|Flash Attention (enabled|not supported))", line
+            )
             if m:
                 out.setdefault("mode_log", line.strip())  # type: ignore[arg-type]
             if "reserve took" in line or "server is listening" in line or time.monotonic() > deadline:

@@ -107,7 +107,11 @@ _BUFFER_LINES = {
 _FACTS = {
     "flash_attn": re.compile(r"llama_context: flash_attn += (\S+)"),
     "attn_scratch_mib": re.compile(r"llama_context: attn_scratch += (\d+) MiB"),
-    "mode": re.compile(r"(prefill mode: .*|attention without flash attention for every batch.*)$"),
+    # the context's line (llama-vq's placement check: "attention mode prefill (static rule)"), or as builds before it
+    "mode": re.compile(
+        r"(?:attention mode ((?:prefill|on|off) \(.*\))"
+        r"|(prefill mode: .*|attention without flash attention for every batch.*))$"
+    ),
     "pipeline_parallel": re.compile(r"llama_context: (pipeline parallelism enabled)"),
     "attn_fusions": re.compile(r"llama-vq: attention fusions run: (.*)$"),
     "rotation_fusions": re.compile(r"llama-vq: rotation fusions run: (.*)$"),
@@ -129,7 +133,7 @@ def parse_log(text: str) -> dict[str, Any]:
         for line in text.splitlines():
             m = rx.search(line)
             if m:
-                facts.setdefault(name, m.group(1))
+                facts.setdefault(name, next(g for g in m.groups() if g is not None))
     return {"devices": devices, **facts}
 
 
