@@ -30,7 +30,8 @@
 #                    depth (MiMo shape q8_0/q4_1 at DEPTHS_MIMO 0,32768,65536; 8B shape q4_0/q4_0 at DEPTHS_8B
 #                    0,32768): ours in prefill mode (the default rule; on MiMo also the tensor-core form everywhere,
 #                    TC=1, and never, TC=0) and flash attention on f16; then the kernels of a decode under ncu (NO_NCU=1 skips). Effective
-#                    bandwidth = the step time the depth adds over the K/V bytes read (RESULTS.md). Needs CUDA_FA=ON
+#                    bandwidth = the step time the depth adds over the K/V bytes read (benchmarks/decode_bandwidth.py,
+#                    against PEAK_TBS, 3.35 for an H100). Needs CUDA_FA=ON
 #   split-vs-unbounded  the split non-FA attention against the unbounded graph on the MiMo shape at 0/64K with the
 #                    compute buffers at 128K, and the split's cost per chunk: the 8B shape's pp512 at 8K under
 #                    scratch budgets of 512 (unsplit), 256, 128 and 64 MiB
@@ -228,7 +229,9 @@ decode-bandwidth)
         env "${tcenv[@]}" "$bin/llama-bench" -m "$M/synth-$1.gguf" -ngl 99 -fa "$3" -ctk "$4" -ctv "$5" \
             -p 0 -n 64 -d "$2" -r "${REPS:-2}" -o jsonl 2>/dev/null | python3 -c "import json,sys
 for l in sys.stdin:
-    r=json.loads(l); print('tg64 $1 fa=$3 $4/$5 TC=$6 depth', r['n_depth'], round(r['avg_ts'],2), '+-', round(r['stddev_ts'],2))" \
+    r=json.loads(l); r.update(model='$1', config='fa=$3 TC=$6')
+    print(json.dumps(r), file=open('$OUT/decode.jsonl', 'a'))
+    print('tg64 $1 fa=$3 $4/$5 TC=$6 depth', r['n_depth'], round(r['avg_ts'],2), '+-', round(r['stddev_ts'],2))" \
             | tee -a "$OUT/$measurement.txt"
     }
     dm=${DEPTHS_MIMO:-0,32768,65536}
@@ -243,6 +246,8 @@ for l in sys.stdin:
     fi
     d8=${DEPTHS_8B:-0,32768}
     tg llama8b "$d8" prefill q4_0 q4_0 default; tg llama8b "$d8" on f16 f16 default
+    python3 "$here/benchmarks/decode_bandwidth.py" "$OUT/decode.jsonl" --peak-tbs "${PEAK_TBS:-3.35}" \
+        | tee -a "$OUT/$measurement.txt"
     ;;
 split-vs-unbounded)
     need_build

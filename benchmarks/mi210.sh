@@ -11,7 +11,9 @@
 #      fused decode attention in HIP's default f32 V*P form and as separate ops, quantized V without FA, copies)
 #   3. speed: llama-bench, FA off, decode (tg) and prefill (pp512) on synthetic Llama-3.1-8B- (depths 0/8K/32K) and
 #      MiMo-shaped (0/64K) models, f16/f16 and the quantized pairs, with HIP's default (the fused decode attention)
-#      and with the separate ops (LLAMA_VQ_CUDA_FUSED_ATTN=0); ratios to f16/f16 of the same configuration
+#      and with the separate ops (LLAMA_VQ_CUDA_FUSED_ATTN=0); ratios to f16/f16 of the same configuration; decode
+#      attention's effective bandwidth (benchmarks/decode_bandwidth.py: the step time the depth adds over the K/V
+#      bytes read) against the MI210's 1.6 TB/s (PEAK_TBS)
 #   4. fidelity (docs/architecture.md, decision 8): KL divergence from f16/f16 (FA off) of quantized K/V with FA off
 #      (llama-vq's path) and with FA on (upstream's reference path, FA_ON=1) and the FA on/off f16 floor, on KL_MODEL
 #      (default SmolLM2: real weights), 512-token chunks of llama.cpp's own docs
@@ -195,6 +197,9 @@ for r in rows:
     t = f"tg{r['n_gen']}" if r["n_gen"] else f"pp{r['n_prompt']}"
     print(f"| {r['model']} | {r['config']} | {r['type_k']}/{r['type_v']} | {t} | {r['n_depth']} | {r['avg_ts']:.1f} | {ratio} |")
 EOF
+    # decode attention's effective bandwidth (the figure measured on NVIDIA GPUs: benchmarks/RESULTS.md), against the
+    # MI210's 1.6 TB/s
+    [ -s "$jsonl" ] && "$py" benchmarks/decode_bandwidth.py "$jsonl" --peak-tbs "${PEAK_TBS:-1.6}" | tee -a "$report"
 fi
 
 if [[ $steps == *" 4 "* ]]; then
