@@ -1,4 +1,5 @@
-"""A small GGUF of a model's attention shape, for measuring the attention paths (attn_choice.py).
+"""A small GGUF of a model's attention shape, and the timing of one attention path on it, for measuring the attention
+paths (attn_choice.py).
 
 Arch ``llama`` with one full-attention layer where K and V heads are the same size and there are no sinks; else arch
 ``mimo2`` as the pinned llama.cpp loads it (K and V head sizes that differ, MiMo's 192 / 128, and attention sinks),
@@ -10,10 +11,15 @@ llama.cpp's SPM vocabulary needs).
 
 from __future__ import annotations
 
+import logging
 import struct
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+log = logging.getLogger("llama_vq.attn_choice")
 
 _ALIGN = 32
 _U32, _I32, _F32, _BOOL, _STR, _ARR = 4, 5, 6, 7, 8, 9
@@ -131,3 +137,74 @@ def write_attn_gguf(
         for _, _, _, data in tensors:
             f.write(data)
             f.write(b"\0" * ((-len(data)) % _ALIGN))
+
+
+def time_path(
+    model: Any, flash: bool, type_k: int, type_v: int, n_ubatch: int, n_ctx: int, depth: int, n_threads: int | None,
+    steps: tuple[int, int],
+) -> tuple[float | None, float | None]:  # fmt: skip
+    """One attention path (flash attention, or llama-vq's without it) on a loaded stand-in: the cache filled to depth,
+    then the fastest of steps[0] prompt batches of n_ubatch tokens and of steps[1] single-token decode steps, as
+    tok/s; (None, None) where llama.cpp refuses the context for the path."""
+    import llama_cpp
+
+    from . import _logs
+
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = n_ubatch
+    cp.n_ubatch = n_ubatch
+    cp.n_seq_max = 1
+    cp.type_k = type_k
+    cp.type_v = type_v
+    cp.flash_attn_type = 1 if flash else 0
+    cp.no_perf = True
+    if n_threads:
+        cp.n_threads = cp.n_threads_batch = n_threads
+    with _logs.Capture() as cap:
+        ctx = llama_cpp.llama_init_from_model(model, cp)
+    if not ctx:
+        log.info(
+            "attention path %s refused here: %s", "flash" if flash else "llama-vq", _logs.reason(cap) or "no reason"
+        )
+        return None, None
+    batch = llama_cpp.llama_batch_init(n_ubatch, 0, 1)
+    try:
+        mem = llama_cpp.llama_get_memory(ctx)
+
+        def run(pos0: int, n: int) -> None:
+            batch.n_tokens = n
+            for i in range(n):
+                batch.token[i] = 3 + (pos0 + i) % (N_VOCAB - 3)
+                batch.pos[i] = pos0 + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i == n - 1
+            if llama_cpp.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed while timing the attention paths")
+            llama_cpp.llama_synchronize(ctx)
+
+        pos = 0
+        while pos < depth:  # fill the cache to the depth (its cost is the first start's, not a measurement)
+            n = min(n_ubatch, depth - pos)
+            run(pos, n)
+            pos += n
+        # the fastest of several runs: on a busy machine a run is only ever slowed down (another process, a thread
+        # woken late), so the minimum is the path's own speed, for both paths alike
+        prompt = float("inf")
+        for _ in range(steps[0]):
+            t0 = time.perf_counter()
+            run(depth, n_ubatch)
+            prompt = min(prompt, time.perf_counter() - t0)
+            llama_cpp.llama_memory_seq_rm(mem, 0, depth, -1)
+        run(depth, 1)  # warm-up of the decode graph
+        llama_cpp.llama_memory_seq_rm(mem, 0, depth, -1)
+        decode = float("inf")
+        for i in range(steps[1]):
+            t0 = time.perf_counter()
+            run(depth + i, 1)
+            decode = min(decode, time.perf_counter() - t0)
+        return n_ubatch / prompt, 1.0 / decode
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)

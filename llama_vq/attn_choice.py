@@ -218,7 +218,7 @@ def measure(
     import llama_cpp
 
     from . import _logs
-    from ._synth_attn import N_VOCAB, write_attn_gguf
+    from ._synth_attn import time_path, write_attn_gguf
 
     with tempfile.TemporaryDirectory(prefix="llama-vq-attn-") as tmp:
         path = Path(tmp) / "attn.gguf"
@@ -240,77 +240,12 @@ def measure(
         if not model:
             raise RuntimeError("could not load the attention stand-in model")
         try:
-            fa = _time_path(model, True, type_k, type_v, n_ubatch, n_ctx, depth, n_threads, N_VOCAB)
-            vq = _time_path(model, False, type_k, type_v, n_ubatch, n_ctx, depth, n_threads, N_VOCAB)
+            steps = (PROMPT_REPS, DECODE_STEPS)
+            fa = time_path(model, True, type_k, type_v, n_ubatch, n_ctx, depth, n_threads, steps)
+            vq = time_path(model, False, type_k, type_v, n_ubatch, n_ctx, depth, n_threads, steps)
         finally:
             llama_cpp.llama_model_free(model)
     return Timings(fa[0], vq[0], fa[1], vq[1])
-
-
-def _time_path(
-    model: Any, flash: bool, type_k: int, type_v: int, n_ubatch: int, n_ctx: int, depth: int, n_threads: int | None,
-    n_vocab: int,
-) -> tuple[float | None, float | None]:  # fmt: skip
-    import llama_cpp
-
-    from . import _logs
-
-    cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx = n_ctx
-    cp.n_batch = n_ubatch
-    cp.n_ubatch = n_ubatch
-    cp.n_seq_max = 1
-    cp.type_k = type_k
-    cp.type_v = type_v
-    cp.flash_attn_type = 1 if flash else 0
-    cp.no_perf = True
-    if n_threads:
-        cp.n_threads = cp.n_threads_batch = n_threads
-    with _logs.Capture() as cap:
-        ctx = llama_cpp.llama_init_from_model(model, cp)
-    if not ctx:
-        log.info("attention path %s refused here: %s", FLASH if flash else VQ, _logs.reason(cap) or "no reason")
-        return None, None
-    batch = llama_cpp.llama_batch_init(n_ubatch, 0, 1)
-    try:
-        mem = llama_cpp.llama_get_memory(ctx)
-
-        def run(pos0: int, n: int) -> None:
-            batch.n_tokens = n
-            for i in range(n):
-                batch.token[i] = 3 + (pos0 + i) % (n_vocab - 3)
-                batch.pos[i] = pos0 + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = i == n - 1
-            if llama_cpp.llama_decode(ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed while timing the attention paths")
-            llama_cpp.llama_synchronize(ctx)
-
-        pos = 0
-        while pos < depth:  # fill the cache to the depth (its cost is the first start's, not a measurement)
-            n = min(n_ubatch, depth - pos)
-            run(pos, n)
-            pos += n
-        # the fastest of several runs: on a busy machine a run is only ever slowed down (another process, a thread
-        # woken late), so the minimum is the path's own speed, for both paths alike
-        prompt = float("inf")
-        for _ in range(PROMPT_REPS):
-            t0 = time.perf_counter()
-            run(depth, n_ubatch)
-            prompt = min(prompt, time.perf_counter() - t0)
-            llama_cpp.llama_memory_seq_rm(mem, 0, depth, -1)
-        run(depth, 1)  # warm-up of the decode graph
-        llama_cpp.llama_memory_seq_rm(mem, 0, depth, -1)
-        decode = float("inf")
-        for i in range(DECODE_STEPS):
-            t0 = time.perf_counter()
-            run(depth + i, 1)
-            decode = min(decode, time.perf_counter() - t0)
-        return n_ubatch / prompt, 1.0 / decode
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llama_cpp.llama_free(ctx)
 
 
 # --- choosing ----------------------------------------------------------------------------------------------------
