@@ -32,6 +32,10 @@
 #                    TC=1, and never, TC=0) and flash attention on f16; then the kernels of a decode under ncu (NO_NCU=1 skips). Effective
 #                    bandwidth = the step time the depth adds over the K/V bytes read (benchmarks/decode_bandwidth.py,
 #                    against PEAK_TBS, 3.35 for an H100). Needs CUDA_FA=ON
+#   decode-kernels   the GPU time of a decoded token kernel by kernel (ncu, benchmarks/kernel_times.py) on the MiMo
+#                    shape at DEPTH (1024): ours, flash attention on the same types and on f16
+#   attention-choice -fa auto by measurement (llama_vq.attn_choice) on the MiMo shape, q8_0/q4_1, with NVIDIA's and
+#                    the HIP path's settings: first and cached start, then the fixed modes at 32K/64K (--python)
 #   split-vs-unbounded  the split non-FA attention against the unbounded graph on the MiMo shape at 0/64K with the
 #                    compute buffers at 128K, and the split's cost per chunk: the 8B shape's pp512 at 8K under
 #                    scratch budgets of 512 (unsplit), 256, 128 and 64 MiB
@@ -58,7 +62,7 @@
 # Env: CARRY (.gpu-carry), BUILD (/tmp/gpu-build), MODEL_DIR (/tmp/models), REPS (2), WHEEL_PY (python3).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|rebuild|op-tests|attention-modes|decode-bandwidth|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
+measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|rebuild|op-tests|attention-modes|decode-bandwidth|decode-kernels|attention-choice|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
 shift
 C=${CARRY:-$here/.gpu-carry}
 if [ "$measurement" = carry ]; then
@@ -248,6 +252,58 @@ for l in sys.stdin:
     tg llama8b "$d8" prefill q4_0 q4_0 default; tg llama8b "$d8" on f16 f16 default
     python3 "$here/benchmarks/decode_bandwidth.py" "$OUT/decode.jsonl" --peak-tbs "${PEAK_TBS:-3.35}" \
         | tee -a "$OUT/$measurement.txt"
+    ;;
+decode-kernels)
+    # the GPU time of a decoded token kernel by kernel (benchmarks/kernel_times.py): ncu (one metric, caches and
+    # clocks left alone) on llama-bench -n 1 and -n 3 at DEPTH (1024: the sliding-window caches full, the full layers
+    # short), the difference being two tokens: ours, flash attention on the same types and on f16
+    need_build
+    model mimo
+    prof() { # LABEL N DEPTH FA CTK CTV [ENV...]
+        local label=$1 n=$2 d=$3 fa=$4 ctk=$5 ctv=$6; shift 6
+        env "$@" timeout 240 ncu --csv --print-units base --metrics gpu__time_duration.sum --cache-control none \
+            --clock-control none "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa "$fa" -ctk "$ctk" -ctv "$ctv" \
+            -p 0 -n "$n" -d "$d" -r 1 > "$OUT/ncu-$label-n$n.csv" 2> "$OUT/ncu-$label-n$n.err" \
+            || log "ncu $label -n $n: rc $?"
+    }
+    runs=()
+    for cfg in "ours prefill q8_0 q4_1" "fa-same on q8_0 q4_1" "fa-f16 on f16 f16"; do
+        read -r -a c <<< "$cfg"
+        prof "${c[0]}" 1 "${DEPTH:-1024}" "${c[@]:1}"; prof "${c[0]}" 3 "${DEPTH:-1024}" "${c[@]:1}"
+        runs+=("${c[0]}=$OUT/ncu-${c[0]}-n3.csv,$OUT/ncu-${c[0]}-n1.csv")
+        late "${NCU_BUDGET:-300}" && { log "ncu: past NCU_BUDGET, the rest skipped"; break; }
+    done
+    python3 "$here/benchmarks/kernel_times.py" --tokens 2 "${runs[@]}" 2>&1 | tee -a "$OUT/$measurement.txt"
+    # ours at DEPTH_FULL (65536): two tokens' attention kernels only (the fill runs flash attention's)
+    late "${NCU_BUDGET:-300}" || {
+        timeout 200 ncu --csv --print-units base --metrics gpu__time_duration.sum --cache-control none \
+            --clock-control none -k regex:k_attn_decode "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill \
+            -ctk q8_0 -ctv q4_1 -p 0 -n 1 -d "${DEPTH_FULL:-65536}" -r 1 > "$OUT/ncu-ours-deep.csv" 2>&1
+        python3 "$here/benchmarks/kernel_times.py" --tokens 2 "ours-${DEPTH_FULL:-65536}=$OUT/ncu-ours-deep.csv" 2>&1 \
+            | tee -a "$OUT/$measurement.txt"
+    }
+    ;;
+attention-choice)
+    # -fa auto by measurement (llama_vq.attn_choice, as llama-vq-tune-attn runs it) on the MiMo shape with the
+    # deployment's types, NVIDIA's settings and the HIP path's (HIP_SETTINGS 0 1): the first start's cost, a second
+    # start reading the cache, then the fixed modes' pp512 and tg64 at 32K and 64K side by side (the tuned mode must
+    # equal the best of them within drift). Needs --python's carry
+    need_build
+    model mimo
+    use_python
+    for hip in ${HIP_SETTINGS:-0 1}; do
+        envs=() margs=()
+        if [ "$hip" = 1 ]; then envs=("${HIP_ENV[@]}"); for e in "${HIP_ENV[@]}"; do margs+=(--env "$e"); done; fi
+        cache=$OUT/attn-choice-hip$hip.json
+        for start in first second; do
+            s0=$(date +%s.%N)
+            env ${envs[@]+"${envs[@]}"} LLAMA_VQ_ATTN_CACHE="$cache" "$PY" -m llama_vq.attn_choice \
+                -m "$M/synth-mimo.gguf" -ctk q8_0 -ctv q4_1 -ub 512 -c 131072 2>&1 | tee -a "$OUT/$measurement.txt"
+            log "HIP settings $hip, $start start: $(python3 -c "print(round($(date +%s.%N) - $s0, 1))") s"
+        done
+        attn_modes "$M/synth-mimo.gguf" "mimo-choice-hip$hip" --ctk q8_0 --ctv q4_1 --depths 32768,65536 \
+            --modes off,prefill,on --reps "${REPS:-1}" ${margs[@]+"${margs[@]}"}
+    done
     ;;
 split-vs-unbounded)
     need_build
