@@ -99,20 +99,15 @@ def test_llama_cpp_refusal_surfaces_with_llama_cpp_reason(llama_vq, smollm2_path
     assert "failed to create llama_context" not in str(e.value).lower().replace("refused to create", "")
 
 
-def test_quantized_v_without_flash_attn_is_refused_clearly_without_the_v_patch(llama_vq, smollm2_path, build):
-    from llama_vq._validate import check_cache_config
-
-    q4_0, f16 = llama_vq.parse_cache_type("q4_0"), llama_vq.parse_cache_type("f16")
-    off, on = llama_vq.parse_flash_attn(False), llama_vq.parse_flash_attn(True)
-    # the check Llama() runs before any native call, as a build without the V patch runs it
-    with pytest.raises(llama_vq.CacheConfigError) as e:
-        check_cache_config(smollm2_path, f16, q4_0, off, nonfa_quantized_v=False)
-    assert "flash_attn" in str(e.value) and "type_v='q4_0'" in str(e.value) and "Fix:" in str(e.value)
-    check_cache_config(smollm2_path, f16, q4_0, on, nonfa_quantized_v=False)  # FA on: upstream can
-    check_cache_config(smollm2_path, f16, q4_0, off, nonfa_quantized_v=True)  # the V patch can
-    if not build.nonfa_quantized_v:  # and Llama() itself, where this build really lacks the patch
-        with pytest.raises(llama_vq.CacheConfigError, match="type_v='q4_0'"):
-            llama_vq.Llama(str(smollm2_path), type_v="q4_0", flash_attn=False, verbose=False)
+def test_quantized_v_passes_the_checks_before_any_native_call_in_every_flash_attn_mode(llama_vq, smollm2_path):
+    # the library carries the whole patch series (`import llama_vq` refuses one without it, test_build.py's
+    # test_the_loaded_library_has_every_function_of_the_series_and_one_without_them_is_refused_with_the_fix), so no
+    # flash_attn mode refuses a quantized V before the native calls; an invalid mode still does
+    for fa in (False, True, "off", "on", "prefill", "auto"):
+        llama_vq.check_config(smollm2_path, type_k="f16", type_v="q4_0", flash_attn=fa)
+        llama_vq.check_config(smollm2_path, type_k="q8_0", type_v="q4_1", flash_attn=fa)
+    with pytest.raises(llama_vq.CacheConfigError, match="flash_attn='sometimes'"):
+        llama_vq.check_config(smollm2_path, type_v="q4_0", flash_attn="sometimes")
 
 
 # ---------------------------------------------------------------- real generation on SmolLM2
