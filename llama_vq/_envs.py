@@ -282,37 +282,11 @@ VARS: tuple[EnvVar, ...] = (
         "native",
         "1|0|2",
         "1",
-        "V*P of a quantized V on tensor cores (NVIDIA sm_80+): 1 the split attention's chunks at long contexts "
-        "(more than 128 columns per V matrix in at most LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES output tiles), 0 "
-        "never (dequantize + cuBLAS), 2 every shape it takes (the op tests reach it this way)",
+        "V*P of a quantized V on tensor cores (NVIDIA sm_80+), the split attention's chunk's softmax taken into it: "
+        "1 the chunks at long contexts (more than 128 columns per V matrix in at most 64 output tiles of 128 x 128), "
+        "0 never (dequantize + cuBLAS: the HIP path's settings on NVIDIA), 2 every shape it takes (the op tests "
+        "reach it this way)",
         "native/ggml/ggml-cuda/out-prod-q.cu",
-    ),
-    _v(
-        "LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES",
-        "native",
-        "tiles",
-        "64",
-        "the most 128 x 128 output tiles (over all V matrices) for which LLAMA_VQ_CUDA_OUT_PROD_MMA=1 takes a V*P "
-        "(benchmarks tune the bound)",
-        "native/ggml/ggml-cuda/out-prod-q.cu",
-    ),
-    _v(
-        "LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K",
-        "native",
-        "1|0|N",
-        "1",
-        "the split-K GEMM of quantized OUT_PROD (k cut into segments when the output has fewer than two 128 x 128 "
-        "tiles per SM): 0 never, N >= 2 only when the output has at most N tiles (side-by-side measurements)",
-        "native/ggml/ggml-cuda/out-prod-q.cu",
-    ),
-    _v(
-        "LLAMA_VQ_CUDA_SOFTMAX_VP",
-        "native",
-        "1|0",
-        "1",
-        "the split attention's chunk with the softmax taken into the V*P (the tensor-core V*P's one pass, or P's "
-        "conversion on the F16 GEMM path); 0 runs the softmax as its own kernel",
-        "native/ggml/ggml-cuda/out-prod-q.cu; 0013-cuda-fused-decode-attention",
     ),
     # ---- the build ----
     _v(
@@ -492,6 +466,21 @@ REMOVED: tuple[tuple[str, str, str], ...] = (
     ("LLAMA_VQ_CUDA_FUSED_ATTN_BPSM", "blocks per SM the splits aim at", "`AD_SPLIT_BPSM` 4"),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_MIN_TILES", "tiles per split at least", "`AD_SPLIT_MIN_TILES` 1"),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_MAX_COLS", "fuse up to N query columns per KV head", "`ATTN_DECODE_MAX_COLS` 128"),
+    (
+        "LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES",
+        "the tensor-core V*P's bound in output tiles",
+        "`OUT_PROD_Q_MMA_MAX_TILES` 64",
+    ),
+    (
+        "LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K",
+        "the GEMM path's split-K off (0) or bounded to N output tiles",
+        "split-K where the output has fewer than two tiles per SM",
+    ),
+    (
+        "LLAMA_VQ_CUDA_SOFTMAX_VP",
+        "the split's chunk's softmax as its own kernel (0)",
+        "taken into the V*P wherever `ggml_cuda_out_prod_q_softmax_supported` allows",
+    ),
 )
 
 
