@@ -2,7 +2,7 @@
 
 One entry per variable: its layer (who reads it), its type, its default as a user writes it, and what it does.
 Python code of the package reads its variables through ``get()``; the native library, the build and the scripts
-read theirs themselves, and tests/test_env_registry.py scans the tree so that a read of an undeclared name, or a
+read theirs themselves, and tests/repo/test_env_registry.py scans the tree so that a read of an undeclared name, or a
 declared name that nothing reads, fails. docs/knobs.md is generated from this table (``python tools/knobs.py
 write``; the test checks that the page is current).
 
@@ -355,7 +355,7 @@ VARS: tuple[EnvVar, ...] = (
         "path",
         None,
         "set by scripts/run.sh test: the folder of the HIP build it started in the background, which "
-        "tests/test_hip_build.py then waits for",
+        "tests/packaging/test_hip_build.py then waits for",
     ),
     # ---- the test suite ----
     _v(
@@ -363,21 +363,21 @@ VARS: tuple[EnvVar, ...] = (
         "tests",
         "0|1",
         None,
-        "1 (set by .ci/run): a skip fails unless its reason is a platform limit (tests/skip_support.py)",
+        "1 (set by .ci/run): a skip fails unless its reason is a platform limit (tests/support/skip_support.py)",
     ),
     _v(
         "LLAMA_VQ_HIP_FA",
         "tests",
         "OFF|ON",
         "OFF",
-        "ON: the test HIP build compiles flash attention's kernels too (tests/test_hip_build.py)",
+        "ON: the test HIP build compiles flash attention's kernels too (tests/packaging/test_hip_build.py)",
     ),
     _v(
         "LLAMA_VQ_TEST_THREADS",
         "tests",
         "int",
         "2",
-        "threads of the tests that run models on the CPU (tests/test_v_cache.py, test_swa_cache_types.py)",
+        "threads of the tests that run models on the CPU (tests/api/test_v_cache.py, test_swa_cache_types.py)",
     ),
     _v(
         "LLAMA_VQ_TEST_SERVER_CWD",
@@ -392,14 +392,14 @@ VARS: tuple[EnvVar, ...] = (
         "tests",
         "path",
         None,
-        "runs tests/test_speculative.py against this stock llama-server binary instead of llama-vq-server",
+        "runs tests/server/test_speculative.py against this stock llama-server binary instead of llama-vq-server",
     ),
     _v(
         "LLAMA_VQ_GGML_LIB_DIR",
         "tests",
         "path",
         None,
-        "tests/test_out_prod_reference.py: the folder of the libggml-base and libggml-cpu to test. Unset: the "
+        "tests/kernels/test_out_prod_reference.py: the folder of the libggml-base and libggml-cpu to test. Unset: the "
         "package's",
     ),
     _v(
@@ -414,7 +414,7 @@ VARS: tuple[EnvVar, ...] = (
         "tests",
         "path",
         None,
-        "a folder that holds a llama-vq-cuda wheel: tests/test_wheels.py installs it beside the base wheel",
+        "a folder that holds a llama-vq-cuda wheel: tests/packaging/test_wheels.py installs it beside the base wheel",
     ),
     # ---- tools and benchmarks ----
     _v(
@@ -444,7 +444,7 @@ VARS: tuple[EnvVar, ...] = (
 BY_NAME: dict[str, EnvVar] = {v.name: v for v in VARS}
 
 # switches that served measurements and went once those were recorded: (name, what it chose, what holds now).
-# Nothing may read or set them (tests/test_env_registry.py).
+# Nothing may read or set them (tests/repo/test_env_registry.py).
 REMOVED: tuple[tuple[str, str, str], ...] = (
     ("LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS", "OUT_PROD's vector/GEMM switch point", "`out_prod_q_use_vec`'s bounds"),
     (
