@@ -266,14 +266,14 @@ def test_auto_never_picks_a_mode_whose_attention_would_leave_its_device(
 
 
 def test_tune_attn_command_prints_the_table_then_reads_the_cache(choice_env, llama_vq, smollm2_path, capsys):
-    from llama_vq import attn_choice
+    from llama_vq import tune_attn
 
     args = ["-m", str(smollm2_path), "-ctk", "q8_0", "-ctv", "q4_0", "-ub", "128", "-c", "512", "-t", "2"]
-    assert attn_choice.main(args) == 0
+    assert tune_attn.main(args) == 0
     out = capsys.readouterr().out
     assert "flash attention" in out and "llama-vq" in out and "depth 256, ubatch 128" in out
     assert "-fa auto: " in out and "(measured, " in out
-    assert attn_choice.main(args) == 0
+    assert tune_attn.main(args) == 0
     assert "(cached;" in capsys.readouterr().out
 
 
