@@ -2,7 +2,7 @@
 """Fidelity of the attention modes (decision 8), on the CPU or a GPU: a prompt evaluated as one batch, then decode
 steps one token each (teacher-forced), each mode's next-token distributions against the f16 cache's (FA off), beside
 the floor (f16, flash attention on vs off). "prefill" prefills with flash attention and decodes with llama-vq's
-attention without it; "on" and "off" run one path for every batch. tests/test_attn_modes.py asserts the same on
+attention without it; "on" and "off" run one path for every batch. tests/api/test_attn_modes.py asserts the same on
 the CPU; this prints the table for a machine.
 
     python benchmarks/attn_fidelity.py [--gpu] [--model NAME=GGUF ...] [--types q8_0/q4_1,q4_0/q4_0] [--probes 24]

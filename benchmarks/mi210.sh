@@ -260,7 +260,7 @@ if [[ $steps == *" 6 "* ]]; then
             # table's deepest depth: its pick should be the table's best mode
             d=${4##*,}
             log "-fa auto's own measurement for $1 ($2/$3, depth $d):"
-            LLAMA_VQ_ATTN_CACHE="$OUT/attn-choice.json" LLAMA_VQ_ATTN_TUNE_DEPTH="$d" "$py" -m llama_vq.attn_choice \
+            LLAMA_VQ_ATTN_CACHE="$OUT/attn-choice.json" LLAMA_VQ_ATTN_TUNE_DEPTH="$d" "$py" -m llama_vq.tune_attn \
                 -m "$models/synth-$1.gguf" -ctk "$2" -ctv "$3" -ub 512 -c $(( 2 * d )) --force \
                 >> "$report" 2> "$OUT/tune-attn-$1.out" || { log "llama-vq-tune-attn failed for $1"; fail=1; }
         done

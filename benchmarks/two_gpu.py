@@ -30,8 +30,8 @@ and OUT/logs.tar.xz (each process's log), all four brought up to date after ever
 brings back what ran. Exit status 0 when every check that ran passed. How greedy agreement is judged against the f16
 floor: two_gpu_report.py.
 
---dry-run: sizes for a tiny model on a CPU (tests/test_two_gpu.py); --rpc N: N local ggml-rpc-server processes are
-the devices, so that a machine without GPUs splits the layers over two devices too.
+--dry-run: sizes for a tiny model on a CPU (tests/benchmarks/test_two_gpu.py); --rpc N: N local ggml-rpc-server
+processes are the devices, so that a machine without GPUs splits the layers over two devices too.
 """
 
 from __future__ import annotations

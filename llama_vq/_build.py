@@ -8,9 +8,6 @@ from typing import Any
 from . import _backends
 from ._cdll import build_config
 
-# The patch that teaches the non-FA attention path a quantized V (see patches/series).
-_V_PATCH_MARK = "quantized-v"
-
 
 @dataclass(frozen=True)
 class BuildInfo:
@@ -31,15 +28,8 @@ class BuildInfo:
     backend_modules: list[str] = field(default_factory=list)  # the modules loaded, CPU last (a DL build)
     backend_notes: list[str] = field(default_factory=list)  # said once at import: a GPU module that runs no GPU, why
 
-    @property
-    def nonfa_quantized_v(self) -> bool:
-        """Whether this build can run a quantized V cache with flash attention off."""
-        return any(_V_PATCH_MARK in p for p in self.patches)
-
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["nonfa_quantized_v"] = self.nonfa_quantized_v
-        return d
+        return asdict(self)
 
     def __getitem__(self, key: str) -> Any:
         return self.as_dict()[key]

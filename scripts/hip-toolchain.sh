@@ -259,7 +259,7 @@ if cfg.get("backend_dl"):
         report["hip_wheel_files"] = sorted(n for n in h.namelist() if ".dist-info/" not in n and n[-1] != "/")
         with tempfile.TemporaryDirectory() as d:
             h.extract("llama_vq/lib/libggml-hip.so", d)
-            out = subprocess.run([sys.executable, "tests/hip_code_objects.py", f"{d}/llama_vq/lib/libggml-hip.so",
+            out = subprocess.run([sys.executable, "tests/support/hip_code_objects.py", f"{d}/llama_vq/lib/libggml-hip.so",
                                   *kernels], capture_output=True, text=True)
             report["code_objects"] = json.loads(out.stdout) if out.returncode == 0 else out.stderr[-2000:]
 print(json.dumps(report))

@@ -56,11 +56,11 @@ setup() {
     local py="$venv/bin/python"
     "$py" -m pip install -q --upgrade pip >/dev/null
     if [ -n "${LLAMA_VQ_HIP_BUILD_DIR:-}" ]; then
-        # the whole suite: its gfx90a build (tests/test_hip_build.py) starts now, at nice 19, in the cores the set-up
+        # the whole suite: its gfx90a build (tests/packaging/test_hip_build.py) starts now, at nice 19, in the cores the set-up
         # and the tests leave idle; the pinned sources first, so that the two builds never fetch them at once.
         # Best effort: without it the test starts the build itself.
         rm -rf "$LLAMA_VQ_HIP_BUILD_DIR"
-        { "$py" tools/vendor.py fetch && "$py" tests/hip_build_support.py start "$LLAMA_VQ_HIP_BUILD_DIR"; } \
+        { "$py" tools/vendor.py fetch && "$py" tests/support/hip_build_support.py start "$LLAMA_VQ_HIP_BUILD_DIR"; } \
             || log "the HIP build did not start beside the set-up; its test will start it"
     fi
     log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}, tools: ${LLAMA_VQ_BUILD_TOOLS:-OFF}; incremental in build/)"

@@ -18,7 +18,7 @@ from skip_support import CI_ENV, is_platform_limit
 ROOT = Path(__file__).resolve().parent.parent
 
 # -fa auto's measured choice (llama_vq.attn_choice) is off for the suite: the attention tests pin the static rule, and
-# no test writes the user's choice cache; tests/test_attn_choice.py turns it on with a cache file of its own
+# no test writes the user's choice cache; tests/api/test_attn_choice.py turns it on with a cache file of its own
 os.environ.setdefault("LLAMA_VQ_ATTN_TUNE", "0")
 
 
@@ -118,8 +118,8 @@ LONG_FILES = (
 
 
 def _order(item) -> tuple[int, int]:
-    """0: the long files, longest first; 1: the rest of the suite; 2: tests/test_hip_build.py's tests that use the
-    background gfx90a build (they wait for it); 3: the tests that measure speed or latency (marker `timing`), on a
+    """0: the long files, longest first; 1: the rest of the suite; 2: tests/packaging/test_hip_build.py's tests that use
+    the background gfx90a build (they wait for it); 3: the tests that measure speed or latency (marker `timing`), on a
     machine that the build has left. (scripts/run.sh test runs the whole suite as two sessions instead: the rest on
     pytest-xdist's workers, then the `timing` tests alone.)"""
     if item.get_closest_marker("timing"):
@@ -139,7 +139,8 @@ def _xdist_worker(config) -> bool:
 
 
 def pytest_collection_finish(session):
-    """The gfx90a build runs beside the suite, in the cores the tests leave idle (tests/hip_build_support.py)."""
+    """The gfx90a build runs beside the suite, in the cores the tests leave idle
+    (tests/support/hip_build_support.py)."""
     if not session.config.option.collectonly and any(
         item.nodeid.endswith(hip_build_support.BUILD_TEST) for item in session.items
     ):
@@ -168,5 +169,5 @@ def pytest_runtest_makereport(item, call):
         rep.outcome = "failed"
         rep.longrepr = (
             f"skipped in CI ({CI_ENV}=1) for a reason that is not a platform limit: {reason}\n"
-            "Fix the machine (or the test) so that it runs; tests/skip_support.py says which skips CI accepts."
+            "Fix the machine (or the test) so that it runs; tests/support/skip_support.py says which skips CI accepts."
         )

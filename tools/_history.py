@@ -1,4 +1,4 @@
-"""No history in code or user docs: comments say what and why, not when. tests/test_history_lint.py runs this.
+"""No history in code or user docs: comments say what and why, not when. tests/repo/test_history_lint.py runs this.
 
 Outside benchmarks/ (where measurements and their history live):
 - a patch is cited by its name in today's patches/series (`0012-cpu-kq-quantized-k-gqa-shared-rows`, with or
@@ -74,11 +74,11 @@ REPO_PATH = re.compile(
 # build outputs a checkout has only after a build
 GENERATED = ("llama_vq/lib", "llama_vq/bin", "llama_vq/_build_config.json")
 # a path that a test creates in a directory of its own
-MADE_BY_TESTS = {("tests/test_patch_queue.py", "native/ggml/ggml-cuda/k.cu")}
+MADE_BY_TESTS = {("tests/repo/test_patch_queue.py", "native/ggml/ggml-cuda/k.cu")}
 SELF = "tools/_history.py"  # names the paths above
-EXAMPLES = {"tests/test_history_lint.py"}  # the lint's own test: what it must refuse
+EXAMPLES = {"tests/repo/test_history_lint.py"}  # the lint's own test: what it must refuse
 # tests of the patch tooling build small queues of their own, with patch names of their own
-OWN_QUEUES = {"tests/test_patch_queue.py", "tests/test_build.py"}
+OWN_QUEUES = {"tests/repo/test_patch_queue.py", "tests/packaging/test_build.py"}
 PLACEHOLDER = re.compile(r"(^|/)[A-Z]+([-.][\w.-]*)?$")  # native/ggml/ggml-cuda/X, patches/NNNN-what.patch
 
 

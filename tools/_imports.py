@@ -1,4 +1,4 @@
-"""No import circles in llama_vq/ and tools/: scripts/lint.sh runs this, tests/test_import_circles.py too.
+"""No import circles in llama_vq/ and tools/: scripts/lint.sh runs this, tests/repo/test_import_circles.py too.
 
 An edge is any import statement of a module, at its top or inside a function (a circle through a function-level
 import is still two modules that need each other): in llama_vq/, `from . import x`, `from .x import y`,

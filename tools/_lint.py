@@ -1,4 +1,4 @@
-"""The patch queue's rules (docs/patches.md), checked by `patches.py lint` and tests/test_patch_queue.py.
+"""The patch queue's rules (docs/patches.md), checked by `patches.py lint` and tests/repo/test_patch_queue.py.
 
 Without the pristine tree:   names, numeric order, DEP-3 headers of at most MAX_HEADER_LINES lines, no patch
                              creates or deletes a file, no patch touches a file of ours (native/).

@@ -1,5 +1,5 @@
 """docs/knobs.md from the registry of environment variables (llama_vq/_envs.py), and the scan of the tree for
-the variables its code reads (tests/test_env_registry.py holds the registry against it).
+the variables its code reads (tests/repo/test_env_registry.py holds the registry against it).
 
     python tools/knobs.py write   # regenerate docs/knobs.md
     python tools/knobs.py check   # exit 1 when docs/knobs.md is not what `write` would write
@@ -139,7 +139,7 @@ def render() -> str:
         "",
         "Every `LLAMA_VQ_*` variable that code of llama-vq reads, by who reads it. Generated from",
         "llama_vq/_envs.py by `python tools/knobs.py write`: edit the registry, not this page",
-        "(tests/test_env_registry.py checks that the page is current and that the code reads what the registry",
+        "(tests/repo/test_env_registry.py checks that the page is current and that the code reads what the registry",
         "declares, and nothing else). Switches are for users and for tests that compare two paths; a switch that",
         "only served one measurement goes once the measurement is recorded in benchmarks/.",
         "CMake options without a variable (`-DLLAMA_VQ_CPU_VARIANTS`, `-DLLAMA_VQ_INSTALL_INPLACE`) are in",

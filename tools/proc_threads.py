@@ -1,7 +1,7 @@
 """Per-thread CPU time and voluntary context switches of a Linux process, read from /proc/PID/task/*.
 
 benchmarks/serve_bench.py reports the compute threads' switches per token from two readings;
-tests/test_server_threads.py asserts on the same readings of a live server.
+tests/server/test_server_threads.py asserts on the same readings of a live server.
 """
 
 from __future__ import annotations

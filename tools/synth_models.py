@@ -20,7 +20,7 @@ quants, scales chosen so each tensor has the requested standard deviation),
 which is as fast as writing the bytes, so an 8B-shaped file takes seconds.
 Float tensors are Gaussian. Scales are chosen so that attention scores, the
 residual stream and the logits are all O(1): the next-token distribution is
-neither one-hot nor uniform (``tests/test_synth_models.py`` checks entropy).
+neither one-hot nor uniform (``tests/repo/test_synth_models.py`` checks entropy).
 
 Tokenizer metadata (``tokenizer.*``) is copied from a real GGUF (SmolLM2), or
 from a vocab-only GGUF made with ``vocab-only`` (small enough to carry).

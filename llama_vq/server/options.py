@@ -5,7 +5,7 @@ Every other argument is llama-server's and goes, untouched and in order, to llam
 there. A flag of ours may also come from its environment variable (the flag wins).
 
 FLAGS is the one source of our flags' names, help and defaults: settings.Settings takes its defaults from here,
---help prints them, and tests/test_server_options.py checks docs/server.md against them.
+--help prints them, and tests/server/test_server_options.py checks docs/server.md against them.
 """
 
 from __future__ import annotations

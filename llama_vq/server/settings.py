@@ -21,7 +21,8 @@ def _ours(name: str) -> Any:
 
 
 # At the pinned llama.cpp, -sm row needs a backend's split buffer type, which ggml-cuda (CUDA and HIP) and ggml-rpc
-# do not provide (llama-model.cpp then throws while loading); tests/test_server_split_mode.py checks the pinned source
+# do not provide (llama-model.cpp then throws while loading); tests/server/test_server_split_mode.py checks the
+# pinned source
 ROW_SPLIT_REFUSED = (
     "-sm row (--split-mode row, LLAMA_ARG_SPLIT_MODE=row): the pinned llama.cpp has no row split for CUDA, HIP or "
     "RPC devices (their backends provide no split buffer), so the model would fail to load with 'device CUDA0 "

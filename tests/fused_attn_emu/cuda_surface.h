@@ -316,7 +316,7 @@ static std::mutex g_static_smem_mu;
 static std::map<const void *, std::unique_ptr<int64_t[]>> g_static_smem; // emptied before each block
 static size_t    g_static_smem_bytes = 0;
 
-// `__shared__ T x[A][B];` in a kernel becomes a reference to this (tests/kernel_sources.py for_emulation): the block's
+// `__shared__ T x[A][B];` in a kernel becomes a reference to this (tests/support/kernel_sources.py for_emulation): the block's
 // instance, filled with NaN bytes, allocated by the first thread that reaches the declaration
 template <typename T>
 static T & emu_static_shared(const void * key) {

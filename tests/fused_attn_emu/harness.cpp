@@ -2,8 +2,8 @@
 // (cuda_surface.h, launch.h): every block's 128 threads are fibers (fibers.h), __syncthreads() a block barrier, and a
 // warp shuffle an exchange through memory between two barriers of the warp's lanes (a shuffle that not every lane of
 // the warp reaches is a deadlock here, reported, as it is undefined on the GPU). The kernels' source and dequantize-x8.cuh are the files
-// the build compiles (KERNEL_INC, DEQ_INC: cut out by tests/test_fused_attn_kernel_emulation.py through
-// tests/kernel_sources.py); the launch configuration (splits, chunk width, shared memory size) is the host code's,
+// the build compiles (KERNEL_INC, DEQ_INC: cut out by tests/kernels/test_fused_attn_kernel_emulation.py through
+// tests/support/kernel_sources.py); the launch configuration (splits, chunk width, shared memory size) is the host code's,
 // restated below. Each case is compared with a float64 softmax(scale*K.Q + mask, sinks) V on the same quantized blocks,
 // decoded here independently of dequantize_x8.
 // Built for the CUDA surface (32-lane warps; the two tile buffers, whose cp.async code runs with plain loads here;

@@ -2,7 +2,7 @@
 // -DGGML_USE_HIP, gfx90a's (cuda_surface.h, launch.h): the short-row K*Q with and without the query rotation
 // (mmvq-short.cu), the quantized OUT_PROD's vector kernel and combine (out-prod-q.cu), the rotation fusions with the rope
 // fold (fwht-fused.cu) and dequantize_x8_rows (dequantize-x8.cuh). The kernels' text is the files the build compiles
-// (the *_INC parts, cut by tests/kernel_emu_support.py); each job states its references and bounds.
+// (the *_INC parts, cut by tests/support/kernel_emu_support.py); each job states its references and bounds.
 //
 //   kernels_harness JOB [I,J,...]   JOB = mmvq_short | out_prod | fwht_fused | dequantize_x8; one line per case
 //                                   (only cases I, J, ... of the job's list if given), then "all passed" (exit

@@ -1103,7 +1103,7 @@ bool ggml_cuda_attn_decode_fused_auto(const ggml_tensor * kq, const ggml_tensor 
     }
 #if defined(GGML_USE_HIP)
     // HIP (gfx90a): the f32 V*P form for single-token decode. Its source runs correctly at wavefront 64 in the CPU
-    // emulation (tests/test_kernel_emulation_wavefronts.py), and on an NVIDIA GPU configured as HIP runs it, it
+    // emulation (tests/kernels/test_kernel_emulation_wavefronts.py), and on an NVIDIA GPU configured as HIP runs it, it
     // decoded faster than the separate ops from 8K on (benchmarks/RESULTS.md, the HIP path by proxy). Never run on an AMD GPU.
     GGML_UNUSED(k);
     GGML_UNUSED(v);

@@ -287,8 +287,8 @@ static int64_t out_prod_q_gemm_tiles(const int64_t m, const int64_t n, const int
 // whether the tensor-core kernel (k_out_prod_q_mma) takes a quantized src0's dst that the vector kernel does not.
 // LLAMA_VQ_CUDA_OUT_PROD_MMA: unset or 1 (the default) the split attention's chunks at long contexts: more than
 // OUT_PROD_Q_MMA_MIN_COLS dst columns per V matrix (decode batches, up to 8 sequences at GQA 16, keep their paths) in at
-// most LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES (default OUT_PROD_Q_MMA_MAX_TILES) 128 x 128 dst tiles, too few for the
-// GEMM path's cuBLAS call to fill the GPU; 0 never (the GEMM path); 2 every shape the kernel takes (tests).
+// most OUT_PROD_Q_MMA_MAX_TILES 128 x 128 dst tiles, too few for the GEMM path's cuBLAS call to fill the GPU; 0 never
+// (the GEMM path); 2 every shape the kernel takes (tests).
 // The bound: on an H200 this kernel alone ran pp512's largest chunk's V*P 2.0x faster than the GEMM path at 8 tiles,
 // tied at 16 and lost at ~50; but the chunk's softmax rides along only where this kernel takes the chunk, and end to
 // end the pair wins up to 64 tiles (pp512 on an H100 5-16 % faster than the bound 16 from 8K cells, equal at 0-2K) while
@@ -300,10 +300,6 @@ static bool out_prod_q_use_mma(const ggml_tensor * dst) {
     static const int mode = [] {
         const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_MMA");
         return env == nullptr ? 1 : atoi(env);
-    }();
-    static const int64_t max_tiles = [] {
-        const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_MMA_MAX_TILES");
-        return env == nullptr ? (int64_t) OUT_PROD_Q_MMA_MAX_TILES : (int64_t) atoll(env);
     }();
     const ggml_tensor * src0 = dst->src[0];
     const ggml_tensor * src1 = dst->src[1];
@@ -325,7 +321,7 @@ static bool out_prod_q_use_mma(const ggml_tensor * dst) {
         return true;
     }
     const int64_t tiles = out_prod_q_gemm_tiles(dst->ne[0], dst->ne[1]*dps2, src0->ne[2]*dst->ne[3]);
-    return ncols > OUT_PROD_Q_MMA_MIN_COLS && tiles <= max_tiles;
+    return ncols > OUT_PROD_Q_MMA_MIN_COLS && tiles <= OUT_PROD_Q_MMA_MAX_TILES;
 }
 
 // llama-vq: whether out_prod_q_cuda takes its GEMM path (dequantize + cuBLAS) for this dst, i.e. neither the vector
@@ -465,16 +461,9 @@ static void out_prod_q_vec_launch(
 // OUT_PROD_Q_SPLIT_K_MIN values of k long, at most OUT_PROD_Q_SPLIT_K_MAX segments
 #define OUT_PROD_Q_SPLIT_K_MIN 2048
 #define OUT_PROD_Q_SPLIT_K_MAX 64
-// LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K, for side-by-side measurements: 0 never; N >= 2 only when the output has at most N
-// tiles (H200, a 64K-cell chunk of the split attention: split-K won at 8 tiles and lost at 12 and 16; benchmarks/RESULTS.md)
 static int64_t out_prod_q_gemm_splits(const int64_t m, const int64_t n, const int64_t k, const int64_t nmat, const int nsm) {
-    static const int64_t max_tiles = [] {
-        const char * env = getenv("LLAMA_VQ_CUDA_OUT_PROD_SPLIT_K");
-        const int64_t v = env == nullptr ? 1 : atoll(env);
-        return v == 1 ? INT64_MAX : v;  // 1 (or unset): the rule below alone
-    }();
     const int64_t tiles = out_prod_q_gemm_tiles(m, n, nmat);
-    if (max_tiles <= 0 || tiles > max_tiles || tiles >= 2*nsm || k < 2*OUT_PROD_Q_SPLIT_K_MIN) {
+    if (tiles >= 2*nsm || k < 2*OUT_PROD_Q_SPLIT_K_MIN) {
         return 1;
     }
     const int64_t want = (2*nsm + tiles - 1)/tiles;
@@ -709,15 +698,10 @@ void ggml_cuda_out_prod_q(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
 }
 
-// LLAMA_VQ_CUDA_SOFTMAX_VP: unset or 1 (the default) takes the softmax into the V*P where the chain allows it: into the
-// tensor-core V*P wherever that kernel takes the V*P (out_prod_q_use_mma), and into P's conversion to f16 where V*P takes
-// the F16 GEMM path (k_out_prod_q_softmax_f16); 0 never
+// whether the softmax goes into the V*P: into the tensor-core V*P wherever that kernel takes the V*P (out_prod_q_use_mma),
+// and into P's conversion to f16 where V*P takes the F16 GEMM path (k_out_prod_q_softmax_f16)
 bool ggml_cuda_out_prod_q_softmax_supported(const ggml_tensor * softmax, const ggml_tensor * kqv) {
-    static const bool enabled = [] {
-        const char * env = getenv("LLAMA_VQ_CUDA_SOFTMAX_VP");
-        return env == nullptr || atoi(env) != 0;
-    }();
-    if (!enabled || softmax->op != GGML_OP_SOFT_MAX || kqv->op != GGML_OP_OUT_PROD) {
+    if (softmax->op != GGML_OP_SOFT_MAX || kqv->op != GGML_OP_OUT_PROD) {
         return false;
     }
     const ggml_tensor * scores = softmax->src[0];

@@ -14,7 +14,7 @@ bool ggml_cuda_out_prod_q_uses_gemm(const ggml_tensor * dst);
 void ggml_cuda_out_prod_q(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 
 // whether SOFT_MAX -> [RESHAPE ->] TRANSPOSE -> OUT_PROD(V, .) (the split attention's chunk) runs as one pass over the
-// raw scores: the tensor-core V*P takes this V*P, the softmax is in place, f16 mask, no ALiBi (LLAMA_VQ_CUDA_SOFTMAX_VP)
+// raw scores: the tensor-core V*P takes this V*P, the softmax is in place, f16 mask, no ALiBi
 bool ggml_cuda_out_prod_q_softmax_supported(const ggml_tensor * softmax, const ggml_tensor * kqv);
 
 // kqv = out_prod(V, transpose(softmax(scores, mask, scale, sinks))) without writing the softmax

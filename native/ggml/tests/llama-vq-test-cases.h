@@ -736,7 +736,7 @@ static void llama_vq_test_cases_eval(std::vector<std::unique_ptr<test_case>> & t
         }
     }
     // the tensor-core V*P (k_out_prod_q_mma, NVIDIA sm_80+: out-prod-q-mma.cuh; by default for long contexts' chunks
-    // only, reached here with LLAMA_VQ_CUDA_OUT_PROD_MMA=2, gpu_session.sh vpmma1): more than 128 columns per V matrix over a number of cells
+    // only, reached here with LLAMA_VQ_CUDA_OUT_PROD_MMA=2): more than 128 columns per V matrix over a number of cells
     // that is a multiple of 4 (kq's rows are read in runs of 4 floats): the split attention's chunk at GQA 16 for every
     // type, two streams, d_v 256 with a partial column tile, one V matrix over many k segments
     for (ggml_type type_v : {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL}) {

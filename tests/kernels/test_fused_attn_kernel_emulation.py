@@ -1,0 +1,120 @@
+"""The fused decode attention's CUDA kernels (attn-decode-fused.cu: k_attn_decode, k_attn_decode_combine; staged
+tiles, int8 K*Q, two tile buffers and a parallel combine, the permuted and rotated output, host-planned staging, V*P
+on tensor cores) run on the CPU, verbatim.
+
+tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu and the part file it includes,
+attn-decode-vmma.cuh, and dequantize-x8.cuh: the files the build compiles, tests/support/kernel_sources.py), a CUDA
+surface made of fibers (tests/fused_attn_emu/fibers.h): a block's 128 threads each a fiber of its own, __syncthreads() a
+barrier, a warp shuffle an exchange between two barriers of the warp's threads (so a shuffle that some lane of a warp
+does not reach is a deadlock, reported), shared memory a buffer of exactly the launch's size filled with NaN
+(AddressSanitizer catches any access past it, and any read of a slot nothing wrote reaches the output as NaN); without
+cp.async, the tiles are staged by the kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS
+(the code NVIDIA's cp.async pipeline runs), into two. The tensor-core V*P's two warp-wide matrix instructions (mma.sync
+m16n8k16 and ldmatrix .trans) are exchanges between two barriers of the warp's 32 threads too, each lane's fragments
+laid out as the PTX ISA gives them, and its f16 arithmetic rounds each result once (to nearest even). Each case (8B
+shape, MiMo's K 192 at GQA 8/16, d 32 to 256, 1-64 columns, 1 to 16 tiles per split, several splits, 2 streams,
+f16/f32 mask, sinks, rotated queries, 2- to 16-byte staging units, one or two buffers, the output as OUT_PROD leaves
+it or permuted and contiguous, with V's inverse rotation of 64 or 128 or without; f32 or tensor-core V*P) is
+compared with a float64 reference on the same quantized blocks, decoded independently of the kernel's dequantizer,
+with the queries int8 per 32 values as the kernel's K*Q takes them (quantized in float32 the same way); NMSE below
+1e-9 (f32 V*P) or 1e-6 (V and P in f16). The same cases run on the HIP surface too (gfx90a as ggml's HIP build
+compiles it: 64-lane wavefronts, one tile buffer, the f32 V*P, 64 KiB of LDS: the one case past it is skipped as the
+host refuses it). Not covered: anything that differs between this emulation and a GPU (cp.async, the tensor cores'
+own accumulation order, memory model beyond barriers), and the graph matching in ggml-cuda.cu. CPU: one g++ compile
+per surface (~40-60 s) and ~11 s (CUDA) / ~5 s (HIP) of runs; both compiles at once, then both runs at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kernel_emu_support import (
+    Build,
+    build_all,
+    cut,
+    dequantize_x8_part,
+    for_emulation,
+    kernel_source,
+    require_sources,
+    run_all,
+    write_part,
+)
+
+
+def kernel_part(tmp: Path) -> dict[str, Path]:
+    """The kernels' part of attn-decode-fused.cu (and the planning helpers the host code shares with the harness),
+    shared memory pointed at the harness's; its #include of the part file resolves next to it."""
+    text = kernel_source("attn-decode-fused.cu")
+    kern = for_emulation(cut(text, "#define AD_NT", "static bool attn_decode_type_supported"))
+    assert kern.count("g_smem") == 2, "the kernels' two extern __shared__ declarations"
+    write_part(tmp, "attn-decode-vmma.cuh", kernel_source("attn-decode-vmma.cuh"))
+    write_part(tmp, "attn-decode-tc.cuh", for_emulation(kernel_source("attn-decode-tc.cuh")))
+    return {
+        "KERNEL_INC": write_part(tmp, "kernel.inc", kern),
+        "DEQ_INC": write_part(tmp, "deq.inc", dequantize_x8_part()),
+    }
+
+
+SURFACES = ("cuda", "hip")
+
+
+@pytest.fixture(scope="module")
+def harness_runs(tmp_path_factory):
+    """harness.cpp for both surfaces, compiled at once, then run at once: each surface's output."""
+    require_sources()
+    tmp = tmp_path_factory.mktemp("attn")
+    incs = kernel_part(tmp)
+    exes = build_all([Build(tmp, "harness.cpp", s, incs) for s in SURFACES])
+    return dict(zip(SURFACES, run_all(exes, timeout=3600, stall=600), strict=True))
+
+
+@pytest.fixture(scope="module")
+def thread_sanitizer_runs(tmp_path_factory):
+    """harness.cpp for both surfaces under ThreadSanitizer, compiled at once, then run at once (the CUDA surface's
+    run is the longer: ~60 s alone on this 2-core VM, the HIP one's ~30). A run with no new case line for 10 minutes
+    is a hang."""
+    require_sources()
+    tmp = tmp_path_factory.mktemp("attn-tsan")
+    incs = kernel_part(tmp)
+    exes = build_all([Build(tmp, "harness.cpp", s, incs, sanitize="thread") for s in SURFACES])
+    return dict(zip(SURFACES, run_all(exes, timeout=3600, stall=600), strict=True))
+
+
+@pytest.mark.slow
+def test_fused_attn_kernels_on_cpu_threads_match_float64(harness_runs):
+    proc = harness_runs["cuda"]
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "all passed" in proc.stdout
+    # the three forms ran: the f32 V*P (every shape), the tensor-core V*P (d_v 128), and both products on tensor
+    # cores (k_attn_decode_tc: tiles of 16 columns, d 64/128/192, every K and V type)
+    assert proc.stdout.count(" vmma=0 tc=0:") >= 20 and proc.stdout.count(" vmma=1 tc=0:") >= 10, proc.stdout
+    assert proc.stdout.count(" tc=1:") >= 10, proc.stdout
+
+
+@pytest.mark.slow
+def test_fused_attn_f32_vp_is_correct_at_wavefront_64(harness_runs):
+    """The form LLAMA_VQ_CUDA_FUSED_ATTN=1 gives a gfx90a build: f32 V*P, one tile buffer, 64-lane wavefronts (the
+    kernels' shuffles of width 4 and 32 run inside halves of a wavefront), every shape that fits 64 KiB of LDS."""
+    proc = harness_runs["hip"]
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "all passed" in proc.stdout
+    assert proc.stdout.count(" vmma=0 tc=0:") >= 20, proc.stdout
+    assert " vmma=1" not in proc.stdout and " tc=1:" not in proc.stdout, "NVIDIA's tensor-core forms only"
+    assert proc.stdout.count(" nbuf=1 ") == proc.stdout.count(" vmma=0 tc=0:"), "HIP has one tile buffer"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("surface", ["hip", "cuda"])
+def test_fused_attn_kernels_are_race_free_under_thread_sanitizer(thread_sanitizer_runs, surface):
+    """Every case under ThreadSanitizer, at wavefront 64 (HIP) and warp 32 (CUDA, both V*P forms): no two threads
+    touch a shared-memory cell without a barrier or a shuffle between them. The softmax phase once had the threads
+    past the last column read the cells column nc-1's owners were rewriting (values discarded, a race all the same);
+    they now read nothing."""
+    proc = thread_sanitizer_runs[surface]
+    print(proc.stdout[-2000:])
+    assert "ThreadSanitizer" not in proc.stderr, proc.stderr[-6000:]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "all passed" in proc.stdout
