@@ -34,7 +34,7 @@
 #                    against PEAK_TBS, 3.35 for an H100). Needs CUDA_FA=ON
 #   decode-kernels   the GPU time of a decoded token kernel by kernel (ncu, benchmarks/kernel_times.py) on the MiMo
 #                    shape at DEPTH (1024): ours, flash attention on the same types and on f16
-#   attention-choice -fa auto by measurement (llama_vq.attn_choice) on the MiMo shape, q8_0/q4_1, with NVIDIA's and
+#   attention-choice -fa auto by measurement (llama_vq.tune_attn) on the MiMo shape, q8_0/q4_1, with NVIDIA's and
 #                    the HIP path's settings: first and cached start, then the fixed modes at 32K/64K (--python)
 #   split-vs-unbounded  the split non-FA attention against the unbounded graph on the MiMo shape at 0/64K with the
 #                    compute buffers at 128K, and the split's cost per chunk: the 8B shape's pp512 at 8K under
@@ -284,7 +284,7 @@ decode-kernels)
     }
     ;;
 attention-choice)
-    # -fa auto by measurement (llama_vq.attn_choice, as llama-vq-tune-attn runs it) on the MiMo shape with the
+    # -fa auto by measurement (llama-vq-tune-attn: llama_vq.tune_attn) on the MiMo shape with the
     # deployment's types, NVIDIA's settings and the HIP path's (HIP_SETTINGS 0 1): the first start's cost, a second
     # start reading the cache, then the fixed modes' pp512 and tg64 at 32K and 64K side by side (the tuned mode must
     # equal the best of them within drift). Needs --python's carry
@@ -297,7 +297,7 @@ attention-choice)
         cache=$OUT/attn-choice-hip$hip.json
         for start in first second; do
             s0=$(date +%s.%N)
-            env ${envs[@]+"${envs[@]}"} LLAMA_VQ_ATTN_CACHE="$cache" "$PY" -m llama_vq.attn_choice \
+            env ${envs[@]+"${envs[@]}"} LLAMA_VQ_ATTN_CACHE="$cache" "$PY" -m llama_vq.tune_attn \
                 -m "$M/synth-mimo.gguf" -ctk q8_0 -ctv q4_1 -ub 512 -c 131072 2>&1 | tee -a "$OUT/$measurement.txt"
             log "HIP settings $hip, $start start: $(python3 -c "print(round($(date +%s.%N) - $s0, 1))") s"
         done
