@@ -281,6 +281,14 @@ decode-kernels)
             -ctk q8_0 -ctv q4_1 -p 0 -n 1 -d "${DEPTH_FULL:-65536}" -r 1 > "$OUT/ncu-ours-deep.csv" 2>&1
         python3 "$here/benchmarks/kernel_times.py" --tokens 2 "ours-${DEPTH_FULL:-65536}=$OUT/ncu-ours-deep.csv" 2>&1 \
             | tee -a "$OUT/$measurement.txt"
+        # one full layer's kernel at that depth, where its cycles go: instructions, warp states (stall reasons),
+        # memory throughput, occupancy
+        timeout 200 ncu --clock-control none -k regex:k_attn_decode_tc --launch-count 1 --section SpeedOfLight \
+            --section Occupancy --section LaunchStats --section WarpStateStats --section InstructionStats \
+            --section MemoryWorkloadAnalysis --section SchedulerStats "$bin/llama-bench" -m "$M/synth-mimo.gguf" \
+            -ngl 99 -fa prefill -ctk q8_0 -ctv q4_1 -p 0 -n 1 -d "${DEPTH_FULL:-65536}" -r 1 > "$OUT/ncu-tc-deep.txt" 2>&1
+        grep -E "k_attn_decode|Duration|Throughput|Executed Ipc|Issue Slots|Warp Cycles Per|Achieved Occupancy|Registers|Executed Instructions |Stall|stalled|Eligible|No Eligible|Active Warps" \
+            "$OUT/ncu-tc-deep.txt" | head -50 | tee -a "$OUT/$measurement.txt"
     }
     ;;
 attention-choice)
