@@ -94,6 +94,18 @@ cache_state() {
 # phase NAME SECONDS: one line per phase of the test command, for a regression of minutes to show in CI's log
 phase() { log "phase $1: $2 s"; }
 
+# The kernel emulations' objects (tests/kernel_emu_support.py): compiled in the background from the end of the set-up
+# on, at nice 10 (before the gfx90a build's 19: the emulation tests come first), so that they take the cores lint and
+# the suite leave idle; a test that needs one waits for it (raising its priority) instead of compiling it again.
+emu_dir="$here/build/kernel-emu"
+start_emulation_builds() {
+    mkdir -p "$emu_dir"
+    rm -f "$emu_dir/compiles.log"
+    setsid nice -n 10 "$venv/bin/python" tests/kernel_emu_support.py prebuild >"$emu_dir/prebuild.log" 2>&1 &
+    emu_pid=$!
+    trap 'kill -- -"$emu_pid" 2>/dev/null || true' EXIT  # a run cut short: its background compiles end with it
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -106,6 +118,7 @@ case "$cmd" in
            if [ $# -eq 0 ]; then export LLAMA_VQ_HIP_BUILD_DIR="$here/build/hip-background"; fi
            cache_state
            t=$SECONDS; setup; phase set-up $((SECONDS - t))
+           [ $# -eq 0 ] && start_emulation_builds
            t=$SECONDS; PYTHON="$venv/bin/python" bash scripts/lint.sh; phase lint $((SECONDS - t))
            [ $# -gt 0 ] && exec "$venv/bin/pytest" "$@"
            # the whole suite: one pytest-xdist worker per core, each taking whole files (a module's server or
