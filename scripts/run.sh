@@ -105,6 +105,26 @@ start_emulation_builds() {
     emu_pid=$!
     trap 'kill -- -"$emu_pid" 2>/dev/null || true' EXIT  # a run cut short: its background compiles end with it
 }
+# their compile seconds and the gfx90a build's time, from the files each leaves (after the suite)
+background_phases() {
+    if [ -f "$emu_dir/compiles.log" ]; then
+        phase "kernel emulations' compiles, core-seconds ($(awk -F'\t' '
+            $2 == "compiled" { n++; if ($5 == "background") b += $3 } $2 == "stored" && $5 == "test" { k++ }
+            $5 == "test" { w += $4 }
+            END { printf "%d compiled, %d s of them in the background; %d taken ready by the tests, which waited %d s",
+                  n, b, k, w }' "$emu_dir/compiles.log"))" \
+            "$(awk -F'\t' '$2 == "compiled" { s += $3 } END { printf "%d", s }' "$emu_dir/compiles.log")"
+    fi
+    local hip=${LLAMA_VQ_HIP_BUILD_DIR:-}
+    if [ -n "$hip" ] && [ -f "$hip/t0" ]; then
+        if [ -f "$hip/t1" ]; then
+            phase "gfx90a build (in the background, nice 19; exit status $(cat "$hip/rc" 2>/dev/null))" \
+                "$(awk -v a="$(cat "$hip/t0")" -v b="$(cat "$hip/t1")" 'BEGIN { printf "%d", b - a }')"
+        else
+            log "phase gfx90a build: did not finish (stopped with the suite)"
+        fi
+    fi
+}
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
@@ -127,9 +147,9 @@ case "$cmd" in
            rc=0
            t=$SECONDS
            "$venv/bin/pytest" -n "$(nproc)" --dist loadfile --no-loadscope-reorder -m "not timing" || rc=$?
-           phase "suite (the gfx90a build and the kernel emulations inside it: its slowest durations above)" \
-               $((SECONDS - t))
+           phase "suite (its slowest durations above; the background builds' own times at the end)" $((SECONDS - t))
            t=$SECONDS; "$venv/bin/pytest" -m timing || rc=$?; phase "timing tests" $((SECONDS - t))
+           background_phases
            exit $rc ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
 esac
