@@ -232,6 +232,7 @@ def build_all(builds: list[Build], link: bool = True) -> list[Path]:
     """The binaries, as many compilers at once as there are CPUs (one g++ of a harness is one core for ~40-80 s; an
     object already in build/kernel-emu/objects is only linked)."""
     width = max(1, min(len(builds), os.cpu_count() or 1))
+    _prune()
     commands = [b.compile_command() for b in builds]  # here: stable_sources() writes files, one thread at a time
     with ThreadPoolExecutor(width) as pool:
         list(pool.map(functools.partial(_make, link=link), builds, commands))  # re-raises the first failure
@@ -260,6 +261,7 @@ def compile_once(name: str, cmd: list[str], obj: Path) -> None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         waited = time.monotonic() - t0
         if obj.exists():
+            os.utime(obj)  # used: _prune() keeps it
             _log(name, "stored", 0.0, waited)
             return
         part = obj.with_name(f".{obj.name}.{os.getpid()}")
@@ -287,6 +289,23 @@ def compile_once(name: str, cmd: list[str], obj: Path) -> None:
         assert proc.returncode == 0, err[-6000:]
         part.replace(obj)
         _log(name, "compiled", time.monotonic() - t1, waited)
+
+
+PRUNE_AFTER_S = 2 * 86400
+
+
+def _prune() -> None:
+    """Objects no run used for two days go (each kernel edit makes new ones, ~10 MB each): each under its lock, so
+    that none goes while another process compiles or takes it."""
+    for obj in OBJECTS.glob("*.o") if OBJECTS.exists() else ():
+        try:
+            if time.time() - obj.stat().st_mtime < PRUNE_AFTER_S:
+                continue
+            with open(obj.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                obj.unlink()
+        except (BlockingIOError, FileNotFoundError):
+            pass  # in use, or gone meanwhile
 
 
 def _hurry(pgid_path: Path) -> None:
