@@ -343,8 +343,8 @@ VARS: tuple[EnvVar, ...] = (
         "OFF|ON|auto",
         "auto",
         "ON: ggml backends as modules loaded at import, the CPU one per SIMD level of LLAMA_VQ_CPU_VARIANTS (the "
-        "wheels, the ROCm image); auto: ON when the backend is the CPU and LLAMA_VQ_CPU_FEATURES is host (so a source "
-        "install and scripts/run.sh's set-up build what the base wheel ships), OFF (linked in) otherwise",
+        "wheels, the ROCm image); auto: ON when the backend is an x86-64 CPU and LLAMA_VQ_CPU_FEATURES is host (so a "
+        "source install and scripts/run.sh's set-up build what the base wheel ships), OFF (linked in) otherwise",
     ),
     _v(
         "LLAMA_VQ_CPU_VARIANTS",

@@ -56,7 +56,7 @@ def ggml():
         import llama_vq
 
         info = llama_vq.build_info()
-        if info.backend_dl:  # backends as modules (scripts/run.sh's set-up on a CPU): the CPU module it loaded
+        if info.cpu_variant:  # backends as modules (scripts/run.sh's set-up on a CPU): the CPU module it loaded
             cpu_path = lib_dir / f"libggml-cpu-{info.cpu_variant}{_SUFFIX}"
     if not base_path.exists() or not cpu_path.exists():
         pytest.skip(f"libggml-base/libggml-cpu not built in {lib_dir}")

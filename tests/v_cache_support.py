@@ -156,7 +156,7 @@ def cpu_library(lib_dir: Path) -> Path:
     import llama_vq
 
     info = llama_vq.build_info()
-    return lib_dir / (f"libggml-cpu-{info.cpu_variant}.so" if info.backend_dl else "libggml-cpu.so")
+    return lib_dir / (f"libggml-cpu-{info.cpu_variant}.so" if info.cpu_variant else "libggml-cpu.so")
 
 
 class GGML:
