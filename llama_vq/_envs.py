@@ -314,17 +314,28 @@ VARS: tuple[EnvVar, ...] = (
     _v(
         "LLAMA_VQ_BACKEND_DL",
         "build",
-        "OFF|ON",
-        "OFF",
-        "ON: the wheels' build: ggml backends as modules loaded at import, the CPU one per SIMD level "
-        "(scripts/wheels.sh, the ROCm image)",
+        "OFF|ON|auto",
+        "auto",
+        "ON: ggml backends as modules loaded at import, the CPU one per SIMD level of LLAMA_VQ_CPU_VARIANTS (the "
+        "wheels, the ROCm image); auto: ON when the backend is an x86-64 CPU and LLAMA_VQ_CPU_FEATURES is host (so a "
+        "source install and scripts/run.sh's set-up build what the base wheel ships), OFF (linked in) otherwise",
+    ),
+    _v(
+        "LLAMA_VQ_CPU_VARIANTS",
+        "build",
+        "auto|all|host|names",
+        "auto",
+        "the CPU modules of a build with backends as modules: all (the base wheel's x64, haswell, skylakex, icelake: "
+        "scripts/wheels.sh cpu, scripts/run.sh test), host (the one this CPU runs best) or those names, "
+        "comma-separated; auto: all with LLAMA_VQ_BACKEND_DL=ON, host with LLAMA_VQ_BACKEND_DL=auto",
     ),
     _v(
         "LLAMA_VQ_CPU_FEATURES",
         "build",
         "host|avx2|avx512|generic",
         "host",
-        "the x86 SIMD level of a build without LLAMA_VQ_BACKEND_DL (host: what this CPU reports)",
+        "the x86 SIMD level of a build without LLAMA_VQ_BACKEND_DL (host: what this CPU reports; another level keeps "
+        "LLAMA_VQ_BACKEND_DL=auto's CPU build linked in at that level)",
     ),
     _v(
         "LLAMA_VQ_PATCHED_SRC",

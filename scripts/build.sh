@@ -21,6 +21,14 @@ fi
 # them: docs/architecture.md, decision 3).
 "$py" tools/vendor.py fetch
 
+# install and wheel build in pyproject.toml's build-dir, build/<wheel tag>, which scripts/wheels.sh cpu shares: one build
+# there at a time (the suite's packaging and wheel tests may ask at once)
+if [ "$mode" != sdist ] && command -v flock >/dev/null 2>&1; then
+    mkdir -p build
+    exec 9>build/.pip-build.lock
+    flock 9
+fi
+
 case "$mode" in
     install)
         extras=${2:-}

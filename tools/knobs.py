@@ -142,7 +142,7 @@ def render() -> str:
         "(tests/repo/test_env_registry.py checks that the page is current and that the code reads what the registry",
         "declares, and nothing else). Switches are for users and for tests that compare two paths; a switch that",
         "only served one measurement goes once the measurement is recorded in benchmarks/.",
-        "CMake options without a variable (`-DLLAMA_VQ_CPU_VARIANTS`, `-DLLAMA_VQ_INSTALL_INPLACE`) are in",
+        "CMake options without a variable (`-DLLAMA_VQ_INSTALL_INPLACE`) are in",
         "[build.md](build.md); llama.cpp's own `LLAMA_ARG_*` variables work as upstream documents them.",
     ]
     for layer, what in envs.LAYERS.items():

@@ -4,8 +4,9 @@
     python tools/llama_server.py [--jobs N] [--cmake-args ARGS]
 
 Our top-level CMake project's llama-server target in build/server-bench, beside the pip build (build/<wheel tag>):
-the same compilers (ccache keys on the compiler path), backend and CPU features, and a build dir at the same depth,
-so that every object it shares with the pip build is a ccache hit. Prints one JSON line,
+the same compilers (ccache keys on the compiler path), backend, CPU features and backends as modules or not (then
+the one CPU module this machine loads, built beside it), and a build dir at the same depth, so that every object it
+shares with the pip build is a ccache hit. Prints one JSON line,
 {"llama_server": PATH, "build_s": SECONDS}. The tests that compare llama-vq-server with stock llama-server
 (tests/conftest.py's llama_server_bin) and benchmarks/serve_bench.py's `build --llama-vq` run it.
 """
@@ -47,15 +48,20 @@ def build(jobs: int, cmake_args: str = "") -> dict[str, Any]:
             env[var] = pip[key]  # ccache keys on the compiler path: /usr/bin/cc is not /usr/bin/gcc
     cfg = ["cmake", "-S", str(REPO), "-B", str(BUILD_DIR), "-DCMAKE_BUILD_TYPE=Release"]
     cfg += ["-DLLAMA_VQ_BUILD_TOOLS=ON"]  # llama.cpp adds tools/server only with its tools
-    keys = ("LLAMA_VQ_BACKEND", "LLAMA_VQ_CPU_FEATURES", "SKBUILD_PROJECT_VERSION")
+    keys = ("LLAMA_VQ_BACKEND", "LLAMA_VQ_CPU_FEATURES", "LLAMA_VQ_BACKEND_DL", "SKBUILD_PROJECT_VERSION")
     cfg += [f"-D{k}={pip[k]}" for k in keys if pip.get(k)]
+    cfg += ["-DLLAMA_VQ_CPU_VARIANTS=host"]  # backends as modules: the one CPU module this machine loads
     cfg += [f"-DPython3_EXECUTABLE={sys.executable}", *shlex.split(cmake_args)]
     if shutil.which("ninja"):
         cfg += ["-G", "Ninja"]
     t0 = time.time()
     nice = ["nice", "-n", "5"] if shutil.which("nice") else []
     subprocess.run(cfg, check=True, env=env)
-    subprocess.run([*nice, "cmake", "--build", str(BUILD_DIR), "-j", str(jobs), "--target", "llama-server"], check=True)
+    targets = ["llama-server"]
+    built = json.loads((BUILD_DIR / "_build_config.json").read_text())
+    if built.get("backend_dl"):  # ggml's loader looks beside the executable (bin/, where the modules are built)
+        targets += [f"ggml-cpu-{v}" for v in built.get("cpu_variants", [])] or ["ggml-cpu"]
+    subprocess.run([*nice, "cmake", "--build", str(BUILD_DIR), "-j", str(jobs), "--target", *targets], check=True)
     binary = BUILD_DIR / "bin" / "llama-server"
     print(f"[build] {binary} in {time.time() - t0:.0f} s", file=sys.stderr)
     return {"llama_server": str(binary), "build_s": time.time() - t0}

@@ -59,13 +59,21 @@ def kernel_part(tmp: Path) -> dict[str, Path]:
 SURFACES = ("cuda", "hip")
 
 
+def harness_builds(tmp: Path, sanitize: str) -> list[Build]:
+    incs = kernel_part(tmp)
+    return [Build(tmp, "harness.cpp", s, incs, sanitize=sanitize) for s in SURFACES]
+
+
+def emulation_builds(mktemp) -> list[Build]:
+    """This file's builds, for the background prebuild (tests/kernel_emu_support.py)."""
+    return harness_builds(mktemp("attn"), "address,undefined") + harness_builds(mktemp("attn-tsan"), "thread")
+
+
 @pytest.fixture(scope="module")
 def harness_runs(tmp_path_factory):
     """harness.cpp for both surfaces, compiled at once, then run at once: each surface's output."""
     require_sources()
-    tmp = tmp_path_factory.mktemp("attn")
-    incs = kernel_part(tmp)
-    exes = build_all([Build(tmp, "harness.cpp", s, incs) for s in SURFACES])
+    exes = build_all(harness_builds(tmp_path_factory.mktemp("attn"), "address,undefined"))
     return dict(zip(SURFACES, run_all(exes, timeout=3600, stall=600), strict=True))
 
 
@@ -75,9 +83,7 @@ def thread_sanitizer_runs(tmp_path_factory):
     run is the longer: ~60 s alone on this 2-core VM, the HIP one's ~30). A run with no new case line for 10 minutes
     is a hang."""
     require_sources()
-    tmp = tmp_path_factory.mktemp("attn-tsan")
-    incs = kernel_part(tmp)
-    exes = build_all([Build(tmp, "harness.cpp", s, incs, sanitize="thread") for s in SURFACES])
+    exes = build_all(harness_builds(tmp_path_factory.mktemp("attn-tsan"), "thread"))
     return dict(zip(SURFACES, run_all(exes, timeout=3600, stall=600), strict=True))
 
 

@@ -52,15 +52,20 @@ VARIANTS = {  # name: (surface, mutation, jobs, sanitizer)
 }
 
 
+def emulation_builds(mktemp) -> list[Build]:
+    """Every variant's harness, in VARIANTS' order (also for the background prebuild, tests/kernel_emu_support.py)."""
+    builds = []
+    for name, (surface, mutate, jobs, sanitize) in VARIANTS.items():
+        tmp = mktemp(name)
+        builds.append(Build(tmp, "kernels_harness.cpp", surface, kernels_parts(tmp, mutate), jobs, sanitize))
+    return builds
+
+
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory):
     """Every variant's harness, compiled at once (one job each)."""
     require_sources()
-    builds = []
-    for name, (surface, mutate, jobs, sanitize) in VARIANTS.items():
-        tmp = tmp_path_factory.mktemp(name)
-        builds.append(Build(tmp, "kernels_harness.cpp", surface, kernels_parts(tmp, mutate), jobs, sanitize))
-    return dict(zip(VARIANTS, build_all(builds), strict=True))
+    return dict(zip(VARIANTS, build_all(emulation_builds(tmp_path_factory.mktemp)), strict=True))
 
 
 def test_syncwarp_only_lane_exchange_races_at_wavefront_64(variants):

@@ -20,14 +20,21 @@ from kernel_emu_support import Build, build_all, kernels_parts, require_sources,
 pytestmark = pytest.mark.slow
 
 
+SURFACES = ("cuda", "hip")
+
+
+def emulation_builds(mktemp) -> list[Build]:
+    """The harness for both surfaces (also for the background prebuild, tests/kernel_emu_support.py)."""
+    tmp = mktemp("kernels")
+    incs = kernels_parts(tmp)
+    return [Build(tmp, "kernels_harness.cpp", s, incs) for s in SURFACES]
+
+
 @pytest.fixture(scope="module")
 def harnesses(tmp_path_factory):
     """The harness for both surfaces, compiled at once."""
     require_sources()
-    tmp = tmp_path_factory.mktemp("kernels")
-    incs = kernels_parts(tmp)
-    surfaces = ("cuda", "hip")
-    return dict(zip(surfaces, build_all([Build(tmp, "kernels_harness.cpp", s, incs) for s in surfaces]), strict=True))
+    return dict(zip(SURFACES, build_all(emulation_builds(tmp_path_factory.mktemp)), strict=True))
 
 
 @pytest.fixture(params=["cuda", "hip"])

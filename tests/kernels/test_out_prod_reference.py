@@ -52,6 +52,12 @@ def ggml():
     lib_dir = _lib_dir()
     base_path = lib_dir / f"libggml-base{_SUFFIX}"
     cpu_path = lib_dir / f"libggml-cpu{_SUFFIX}"
+    if not os.environ.get("LLAMA_VQ_GGML_LIB_DIR"):
+        import llama_vq
+
+        info = llama_vq.build_info()
+        if info.cpu_variant:  # backends as modules (scripts/run.sh's set-up on a CPU): the CPU module it loaded
+            cpu_path = lib_dir / f"libggml-cpu-{info.cpu_variant}{_SUFFIX}"
     if not base_path.exists() or not cpu_path.exists():
         pytest.skip(f"libggml-base/libggml-cpu not built in {lib_dir}")
     base = ctypes.CDLL(str(base_path), mode=ctypes.RTLD_GLOBAL)

@@ -82,6 +82,8 @@ def _build_level(level: str) -> Path:
 
 
 def _main_level(build) -> str:
+    if build.backend_dl:  # backends as modules (scripts/run.sh's set-up on a CPU): the level of the module it loaded
+        return {"icelake": "avx512", "skylakex": "avx512", "haswell": "avx2"}.get(build.cpu_variant or "", "generic")
     feats = set(build.cpu_features)
     return "avx512" if "AVX512" in feats else "avx2" if "AVX2" in feats else "generic"
 

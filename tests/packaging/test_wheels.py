@@ -10,9 +10,10 @@
   sonames and the fix, and the model runs on the CPU; with LLAMA_VQ_CUDA_WHEEL_DIR, the llama-vq-cuda wheel itself,
   installed with `pip install "llama-vq[cuda]" --find-links` (tests/packaging/test_hip_build.py: llama-vq-hip's).
 
-Cost: the wheel's build is a compile of its own (a DL build's flags differ from the set-up build's, and there are
-four CPU modules), incremental in build/wheel-cpu and via ccache, once per run (tests/support/wheel_support.py: the HIP
-wheel's install test takes the same wheel); LLAMA_VQ_WHEEL_DIR names a folder that already holds it.
+Cost: after scripts/run.sh test's set-up the wheel's build compiles nothing: it packs the set-up's build, which has
+the wheel's form and its four CPU modules (docs/build.md, "What the set-up builds"); after another set-up it compiles
+the CPU modules that set-up left out. Once per run (tests/support/wheel_support.py: the HIP wheel's install test takes the same
+wheel); LLAMA_VQ_WHEEL_DIR names a folder that already holds it.
 """
 
 from __future__ import annotations

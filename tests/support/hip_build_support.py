@@ -58,14 +58,18 @@ class Result:
 
 
 def start(folder: Path, nice: int) -> None:
-    """scripts/hip-toolchain.sh build, detached, at `nice`: its stdout, stderr, exit status, process group and start
-    time as files in `folder` (out, err, rc, pgid, t0)."""
+    """scripts/hip-toolchain.sh build, detached, at `nice`: its stdout, stderr, exit status, process group, start and
+    end times as files in `folder` (out, err, rc, pgid, t0, t1; scripts/run.sh test prints the build's time from
+    them)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("out", "err", "rc", "pgid", "t0"):
+    for name in ("out", "err", "rc", "pgid", "t0", "t1"):
         (folder / name).unlink(missing_ok=True)
     (folder / "t0").write_text(repr(time.time()))
-    f = {k: shlex.quote(str(folder / k)) for k in ("out", "err", "rc")}
-    script = f"nice -n {nice} bash {shlex.quote(str(SCRIPT))} build >{f['out']} 2>{f['err']}; echo $? >{f['rc']}"
+    f = {k: shlex.quote(str(folder / k)) for k in ("out", "err", "rc", "t1")}
+    script = (
+        f"nice -n {nice} bash {shlex.quote(str(SCRIPT))} build >{f['out']} 2>{f['err']}; "
+        f"rc=$?; date +%s.%N >{f['t1']}; echo $rc >{f['rc']}"
+    )
     proc = subprocess.Popen(
         ["sh", "-c", script],
         env=build_env(),

@@ -1,16 +1,34 @@
 """Building and running the CPU emulations of our CUDA/HIP kernels (tests/fused_attn_emu): the kernel parts cut out of
 the files the build compiles (tests/support/kernel_sources.py), one harness binary per surface (CUDA's 32-lane warps, or
 gfx90a's 64-lane wavefronts with -DGGML_USE_HIP), g++ with AddressSanitizer and UBSan (or ThreadSanitizer, for the
-race checks)."""
+race checks).
+
+Each harness object is compiled once and kept in build/kernel-emu/objects under a name made of everything that decides
+it (the compile command with its content-addressed sources, the harness's own files, the compiler), so that the test
+files, pytest-xdist's workers and later runs share it; a lock per object makes a second asker wait for the first
+compile instead of repeating it. scripts/run.sh test compiles them all in the background while the set-up's and lint's
+cores are idle (`python tests/kernel_emu_support.py prebuild`: the builds every test file's emulation_builds() names,
+at nice 10); a test that needs an object the background is still compiling raises that compile to its own priority
+and waits for it. Every compile asked for is a line in build/kernel-emu/compiles.log (which, who, seconds), which
+scripts/run.sh test sums in its log.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import hashlib
+import importlib.util
 import os
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +46,8 @@ from kernel_sources import (
 ROOT = Path(__file__).resolve().parents[2]
 EMU = ROOT / "tests" / "fused_attn_emu"
 CACHE = ROOT / "build" / "kernel-emu"
+OBJECTS = CACHE / "objects"
+LOG = CACHE / "compiles.log"
 SURFACES = {"cuda": 32, "hip": 64}  # surface -> warp width
 
 
@@ -110,10 +130,15 @@ class Build:
     def exe(self) -> Path:
         return self.tmp / f"{Path(self.harness).stem}-{self.surface}-{self.sanitize.replace(',', '-')}"
 
-    def command(self) -> list[str]:
-        """The compile (through ccache) and the link, as one `sh -c` run from the checkout's root. Every path in the
-        compile is relative to the root and its debug info maps the root to ".", so the command line is the same in
-        every clone of the repository: a fresh clone on a machine whose ccache holds these compiles hits it."""
+    @property
+    def name(self) -> str:
+        """For the compile log: the test's folder (a mutation's name) and the binary's."""
+        return f"{self.tmp.name}/{self.exe.name}"
+
+    def compile_command(self) -> tuple[list[str], Path]:
+        """The compile (from the checkout's root) and the shared object it makes. Every path in the compile is relative
+        to the root and its debug info maps the root to ".", so the command line is the same in every clone of the
+        repository: a fresh clone on a machine whose ccache holds these compiles hits it."""
         parts, src = stable_sources(self.incs, ggml_src_dir())
         stable = src.parent.parent
         cmd = [
@@ -143,15 +168,24 @@ class Build:
             cmd.append("-DGGML_USE_HIP")
         cmd += [f'-D{k}="{v.relative_to(stable)}"' for k, v in parts.items()]  # found through -iquote
         cmd += [*self.extra, "-c", _rel(EMU / self.harness)]
-        obj = self.exe.with_name(self.exe.name + f"-{_digest(' '.join(cmd))}.o")  # ccache keys on the inputs, not -o
-        ccache = [c] if (c := shutil.which("ccache")) else []
-        link = [compiler(), "-pthread", f"-fsanitize={self.sanitize}", str(obj), "-o", str(self.exe)]
-        # CCACHE_BASEDIR: ccache leaves the working directory (the root) out of the hash of a -g compile
-        script = (
-            f"cd {shlex.quote(str(ROOT))} && CCACHE_BASEDIR={shlex.quote(str(ROOT))} "
-            f"{shlex.join([*ccache, *cmd, '-o', str(obj)])} && {shlex.join(link)}"
-        )
-        return ["nice", "-n", "5", "sh", "-c", script]
+        key = _digest(" ".join(cmd) + _harness_and_compiler())
+        return cmd, OBJECTS / f"{Path(self.harness).stem}-{self.surface}-{self.sanitize.replace(',', '-')}-{key}.o"
+
+    def link_command(self, obj: Path) -> list[str]:
+        return [compiler(), "-pthread", f"-fsanitize={self.sanitize}", str(obj), "-o", str(self.exe)]
+
+
+@functools.cache
+def _harness_and_compiler() -> str:
+    """What decides an object besides its command: the harness's own files (tests/fused_attn_emu, which the command
+    names by path) and the compiler (its version names its headers and sanitizer runtimes)."""
+    h = hashlib.sha256()
+    for f in sorted(EMU.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(EMU)).encode() + b"\0" + f.read_bytes() + b"\0")
+    cxx = compiler()
+    h.update(cxx.encode() + subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.encode())
+    return h.hexdigest()
 
 
 def _rel(path: Path) -> str:
@@ -195,21 +229,147 @@ def build(
     return build_all([Build(tmp, harness, surface, incs, extra, sanitize)])[0]
 
 
-def build_all(builds: list[Build]) -> list[Path]:
-    """The binaries, as many compilers at once as there are CPUs (the suite runs serially; one g++ of a harness is
-    one core for ~40-80 s)."""
+def build_all(builds: list[Build], link: bool = True) -> list[Path]:
+    """The binaries, as many compilers at once as there are CPUs (one g++ of a harness is one core for ~40-80 s; an
+    object already in build/kernel-emu/objects is only linked)."""
     width = max(1, min(len(builds), os.cpu_count() or 1))
-    pending = list(builds)
-    running: list[subprocess.Popen] = []
-    while pending or running:
-        while pending and len(running) < width:
-            running.append(
-                subprocess.Popen(pending.pop(0).command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            )
-        proc = running.pop(0)
-        _, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, err[-6000:]
+    _prune()
+    commands = [b.compile_command() for b in builds]  # here: stable_sources() writes files, one thread at a time
+    with ThreadPoolExecutor(width) as pool:
+        list(pool.map(functools.partial(_make, link=link), builds, commands))  # re-raises the first failure
     return [b.exe for b in builds]
+
+
+def _make(b: Build, command: tuple[list[str], Path], link: bool) -> None:
+    cmd, obj = command
+    compile_once(b.name, cmd, obj)
+    if link:
+        r = subprocess.run(b.link_command(obj), capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-6000:]
+
+
+COMPILE_TIMEOUT_S = 1800  # one harness under TSan at -O2 on a loaded 2-core machine stays well below
+
+
+def compile_once(name: str, cmd: list[str], obj: Path) -> None:
+    """`obj` from `cmd` unless it exists: under the object's lock, so that a second asker (another test file's
+    worker, the background prebuild) waits for the compile instead of repeating it."""
+    OBJECTS.mkdir(parents=True, exist_ok=True)
+    lock_path, pgid_path = obj.with_suffix(".lock"), obj.with_suffix(".pgid")
+    t0 = time.monotonic()
+    with open(lock_path, "a") as lock:
+        while True:  # the lock is released when the file closes
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # another process compiles it (its own compile ends within COMPILE_TIMEOUT_S, or its process does)
+                assert time.monotonic() - t0 < 2 * COMPILE_TIMEOUT_S, f"{obj.name}: its lock was held too long"
+                _hurry(pgid_path)  # again each time: the holder may not have started its compile yet
+                time.sleep(2)  # polling the lock
+        waited = time.monotonic() - t0
+        if obj.exists():
+            os.utime(obj)  # used: _prune() keeps it
+            _log(name, "stored", 0.0, waited)
+            return
+        part = obj.with_name(f".{obj.name}.{os.getpid()}")
+        ccache = [c] if (c := shutil.which("ccache")) else []
+        # CCACHE_BASEDIR: ccache leaves the working directory (the root) out of the hash of a -g compile; ccache keys on
+        # the inputs, not -o
+        script = (
+            f"cd {shlex.quote(str(ROOT))} && CCACHE_BASEDIR={shlex.quote(str(ROOT))} "
+            f"exec {shlex.join([*ccache, *cmd, '-o', str(part)])}"
+        )
+        t1 = time.monotonic()
+        # its own process group, named in a file: an asker that finds the lock taken raises its priority (_hurry)
+        proc = subprocess.Popen(
+            ["nice", "-n", "5", "sh", "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        pgid_path.write_text(str(proc.pid))
+        try:
+            _, err = proc.communicate(timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        finally:
+            pgid_path.unlink(missing_ok=True)
+        assert proc.returncode == 0, err[-6000:]
+        part.replace(obj)
+        _log(name, "compiled", time.monotonic() - t1, waited)
+
+
+PRUNE_AFTER_S = 2 * 86400
+
+
+def _prune() -> None:
+    """Objects no run used for two days go (each kernel edit makes new ones, ~10 MB each): each under its lock, so
+    that none goes while another process compiles or takes it."""
+    for obj in OBJECTS.glob("*.o") if OBJECTS.exists() else ():
+        try:
+            if time.time() - obj.stat().st_mtime < PRUNE_AFTER_S:
+                continue
+            with open(obj.with_suffix(".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                obj.unlink()
+        except (BlockingIOError, FileNotFoundError):
+            pass  # in use, or gone meanwhile
+
+
+def _hurry(pgid_path: Path) -> None:
+    """The compile another process holds the lock for, raised to this process's compile priority (the background
+    prebuild runs at nice 10 + 5; a test waits for it). Lowering a nice value needs root (CI's user); else it stays."""
+    try:
+        pgid = int(pgid_path.read_text())
+        mine = os.getpriority(os.PRIO_PROCESS, 0) + 5
+        if os.getpriority(os.PRIO_PGRP, pgid) > mine:
+            os.setpriority(os.PRIO_PGRP, pgid, mine)
+    except (OSError, ValueError):
+        pass  # finished meanwhile, or not allowed: the wait is only longer
+
+
+_WHO = ["test"]  # "background" in the prebuild's process
+
+
+def _log(name: str, how: str, seconds: float, waited: float) -> None:
+    line = f"{name}\t{how}\t{seconds:.0f}\t{waited:.0f}\t{_WHO[0]}\n"
+    with open(LOG, "a") as f:
+        f.write(line)  # one short write in append mode: lines of concurrent writers stay whole
+
+
+def emulation_builds() -> list[Build]:
+    """Every build the test files' emulation_builds(mktemp) name (test files found by that function, wherever they
+    live under tests/), their parts in a temporary folder."""
+    tmp = Path(tempfile.mkdtemp(prefix="llama-vq-kernel-emu-"))
+    builds: list[Build] = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if "def emulation_builds(" not in path.read_text():
+            continue
+        for d in (str(path.parent), str(Path(__file__).parent)):
+            if d not in sys.path:
+                sys.path.insert(0, d)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        builds += module.emulation_builds(_mktemp(tmp / path.stem))
+    return builds
+
+
+def _mktemp(base: Path) -> Callable[[str], Path]:
+    """A fresh folder under `base` per call, as pytest's tmp_path_factory.mktemp gives one."""
+    count = [0]
+
+    def mktemp(name: str) -> Path:
+        count[0] += 1
+        d = base / f"{name}{count[0]}"
+        d.mkdir(parents=True)
+        return d
+
+    return mktemp
 
 
 _RUN_ENV = {"ASAN_OPTIONS": "detect_leaks=0", "TSAN_OPTIONS": "halt_on_error=1 exitcode=66"}
@@ -271,6 +431,8 @@ __all__ = [
     "Build",
     "build",
     "build_all",
+    "compile_once",
+    "emulation_builds",
     "cut",
     "dequantize_x8_part",
     "for_emulation",
@@ -282,3 +444,16 @@ __all__ = [
     "run_all",
     "write_part",
 ]
+
+
+if __name__ == "__main__":
+    # scripts/run.sh test: `nice -n 10 python tests/kernel_emu_support.py prebuild`, in the background
+    if sys.argv[1:] != ["prebuild"]:
+        sys.exit("usage: python tests/kernel_emu_support.py prebuild")
+    _WHO[0] = "background"
+    try:
+        found = emulation_builds()
+        build_all(found, link=False)
+    except BaseException as e:  # pytest.skip's exception too (no sources, no compiler): the tests say it again
+        sys.exit(f"llama-vq: the kernel emulations' background build stopped: {type(e).__name__}: {e}")
+    print(f"llama-vq: the kernel emulations' {len(found)} objects are built", file=sys.stderr)

@@ -150,13 +150,22 @@ class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
+def cpu_library(lib_dir: Path) -> Path:
+    """ggml's CPU backend in lib_dir: libggml-cpu.so of a linked-in build; of a build with backends as modules
+    (scripts/run.sh's set-up on a CPU, the wheels), the CPU module that `import llama_vq` loaded."""
+    import llama_vq
+
+    info = llama_vq.build_info()
+    return lib_dir / (f"libggml-cpu-{info.cpu_variant}.so" if info.cpu_variant else "libggml-cpu.so")
+
+
 class GGML:
     """The few ggml functions the tests need, from libggml-base + libggml-cpu in lib_dir."""
 
     def __init__(self, lib_dir: Path) -> None:
         mode = getattr(ctypes, "RTLD_GLOBAL", 0)
         self.base = ctypes.CDLL(str(lib_dir / "libggml-base.so"), mode=mode)
-        self.cpu = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"), mode=mode)
+        self.cpu = ctypes.CDLL(str(cpu_library(lib_dir)), mode=mode)
         P, I64, I32, SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
         sig = {
             "ggml_init": (P, [_InitParams]),
