@@ -12,8 +12,8 @@
 
 Cost: after scripts/run.sh test's set-up the wheel's build compiles nothing: it packs the set-up's build, which has
 the wheel's form and its four CPU modules (docs/build.md, "What the set-up builds"); after another set-up it compiles
-the CPU modules that set-up left out. Once per run (tests/support/wheel_support.py: the HIP wheel's install test takes the same
-wheel); LLAMA_VQ_WHEEL_DIR names a folder that already holds it.
+the CPU modules that set-up left out. Once per run (tests/support/wheel_support.py: the HIP wheel's install test takes
+the same wheel); LLAMA_VQ_WHEEL_DIR names a folder that already holds it.
 """
 
 from __future__ import annotations
