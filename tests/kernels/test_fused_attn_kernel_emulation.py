@@ -65,7 +65,7 @@ def harness_builds(tmp: Path, sanitize: str) -> list[Build]:
 
 
 def emulation_builds(mktemp) -> list[Build]:
-    """This file's builds, for the background prebuild (tests/kernel_emu_support.py)."""
+    """This file's builds, for the background prebuild (tests/support/kernel_emu_support.py)."""
     return harness_builds(mktemp("attn"), "address,undefined") + harness_builds(mktemp("attn-tsan"), "thread")
 
 

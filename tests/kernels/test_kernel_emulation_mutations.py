@@ -53,7 +53,7 @@ VARIANTS = {  # name: (surface, mutation, jobs, sanitizer)
 
 
 def emulation_builds(mktemp) -> list[Build]:
-    """Every variant's harness, in VARIANTS' order (also for the background prebuild, tests/kernel_emu_support.py)."""
+    """Every variant's harness, in VARIANTS' order (tests/support/kernel_emu_support.py's background prebuild too)"""
     builds = []
     for name, (surface, mutate, jobs, sanitize) in VARIANTS.items():
         tmp = mktemp(name)

@@ -24,7 +24,7 @@ SURFACES = ("cuda", "hip")
 
 
 def emulation_builds(mktemp) -> list[Build]:
-    """The harness for both surfaces (also for the background prebuild, tests/kernel_emu_support.py)."""
+    """The harness for both surfaces (also for the background prebuild, tests/support/kernel_emu_support.py)."""
     tmp = mktemp("kernels")
     incs = kernels_parts(tmp)
     return [Build(tmp, "kernels_harness.cpp", s, incs) for s in SURFACES]

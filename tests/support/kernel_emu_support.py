@@ -7,10 +7,10 @@ Each harness object is compiled once and kept in build/kernel-emu/objects under 
 it (the compile command with its content-addressed sources, the harness's own files, the compiler), so that the test
 files, pytest-xdist's workers and later runs share it; a lock per object makes a second asker wait for the first
 compile instead of repeating it. scripts/run.sh test compiles them all in the background while the set-up's and lint's
-cores are idle (`python tests/kernel_emu_support.py prebuild`: the builds every test file's emulation_builds() names,
-at nice 10); a test that needs an object the background is still compiling raises that compile to its own priority
-and waits for it. Every compile asked for is a line in build/kernel-emu/compiles.log (which, who, seconds), which
-scripts/run.sh test sums in its log.
+cores are idle (`python tests/support/kernel_emu_support.py prebuild`: the builds every test file's emulation_builds()
+names, at nice 10); a test that needs an object the background is still compiling raises that compile to its own
+priority and waits for it. Every compile asked for is a line in build/kernel-emu/compiles.log (which, who, seconds),
+which scripts/run.sh test sums in its log.
 """
 
 from __future__ import annotations
@@ -447,9 +447,9 @@ __all__ = [
 
 
 if __name__ == "__main__":
-    # scripts/run.sh test: `nice -n 10 python tests/kernel_emu_support.py prebuild`, in the background
+    # scripts/run.sh test: `nice -n 10 python tests/support/kernel_emu_support.py prebuild`, in the background
     if sys.argv[1:] != ["prebuild"]:
-        sys.exit("usage: python tests/kernel_emu_support.py prebuild")
+        sys.exit("usage: python tests/support/kernel_emu_support.py prebuild")
     _WHO[0] = "background"
     try:
         found = emulation_builds()
