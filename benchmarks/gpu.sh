@@ -244,9 +244,11 @@ for l in sys.stdin:
     if command -v ncu > /dev/null && [ -z "${NO_NCU:-}" ]; then
         timeout 150 ncu --clock-control none -k regex:k_attn_decode --launch-count "${NCU_KERNELS:-16}" \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-            "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill -ctk q8_0 -ctv q4_1 -p 0 -n 2 -d 65536 -r 1 \
+            --section InstructionStats --section SchedulerStats --section MemoryWorkloadAnalysis "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill -ctk q8_0 -ctv q4_1 -p 0 -n 2 -d 65536 -r 1 \
             > "$OUT/ncu.txt" 2>&1
-        grep -E "k_attn_decode|Duration|DRAM Throughput|Achieved Occupancy|SM Active Cycles" "$OUT/ncu.txt" | head -60
+        grep -E "k_attn_decode|Duration|DRAM Throughput|Achieved Occupancy|SM Active Cycles|Warp Cycles Per" \
+            "$OUT/ncu.txt" | head -60
+        grep -E "Executed Instructions |Stall|stalled|No Eligible" "$OUT/ncu.txt" | head -30
     fi
     d8=${DEPTHS_8B:-0,32768}
     tg llama8b "$d8" prefill q4_0 q4_0 default; tg llama8b "$d8" on f16 f16 default
@@ -259,11 +261,11 @@ decode-kernels)
     # short), the difference being two tokens: ours, flash attention on the same types and on f16
     need_build
     model mimo
-    prof() { # LABEL N DEPTH FA CTK CTV [ENV...]
-        local label=$1 n=$2 d=$3 fa=$4 ctk=$5 ctv=$6; shift 6
-        env "$@" timeout 240 ncu --csv --print-units base --metrics gpu__time_duration.sum --cache-control none \
-            --clock-control none "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa "$fa" -ctk "$ctk" -ctv "$ctv" \
-            -p 0 -n "$n" -d "$d" -r 1 > "$OUT/ncu-$label-n$n.csv" 2> "$OUT/ncu-$label-n$n.err" \
+    ncu_times=(ncu --csv --print-units base --metrics gpu__time_duration.sum --cache-control none --clock-control none)
+    prof() { # LABEL N DEPTH FA CTK CTV
+        local label=$1 n=$2 d=$3 fa=$4 ctk=$5 ctv=$6
+        timeout 240 "${ncu_times[@]}" "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa "$fa" -ctk "$ctk" \
+            -ctv "$ctv" -p 0 -n "$n" -d "$d" -r 1 > "$OUT/ncu-$label-n$n.csv" 2> "$OUT/ncu-$label-n$n.err" \
             || log "ncu $label -n $n: rc $?"
     }
     runs=()
@@ -276,19 +278,10 @@ decode-kernels)
     python3 "$here/benchmarks/kernel_times.py" --tokens 2 "${runs[@]}" 2>&1 | tee -a "$OUT/$measurement.txt"
     # ours at DEPTH_FULL (65536): two tokens' attention kernels only (the fill runs flash attention's)
     late "${NCU_BUDGET:-300}" || {
-        timeout 200 ncu --csv --print-units base --metrics gpu__time_duration.sum --cache-control none \
-            --clock-control none -k regex:k_attn_decode "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill \
+        timeout 200 "${ncu_times[@]}" -k regex:k_attn_decode "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill \
             -ctk q8_0 -ctv q4_1 -p 0 -n 1 -d "${DEPTH_FULL:-65536}" -r 1 > "$OUT/ncu-ours-deep.csv" 2>&1
         python3 "$here/benchmarks/kernel_times.py" --tokens 2 "ours-${DEPTH_FULL:-65536}=$OUT/ncu-ours-deep.csv" 2>&1 \
             | tee -a "$OUT/$measurement.txt"
-        # one full layer's kernel at that depth, where its cycles go: instructions, warp states (stall reasons),
-        # memory throughput, occupancy
-        timeout 200 ncu --clock-control none -k regex:k_attn_decode_tc --launch-count 1 --section SpeedOfLight \
-            --section Occupancy --section LaunchStats --section WarpStateStats --section InstructionStats \
-            --section MemoryWorkloadAnalysis --section SchedulerStats "$bin/llama-bench" -m "$M/synth-mimo.gguf" \
-            -ngl 99 -fa prefill -ctk q8_0 -ctv q4_1 -p 0 -n 1 -d "${DEPTH_FULL:-65536}" -r 1 > "$OUT/ncu-tc-deep.txt" 2>&1
-        grep -E "k_attn_decode|Duration|Throughput|Executed Ipc|Issue Slots|Warp Cycles Per|Achieved Occupancy|Registers|Executed Instructions |Stall|stalled|Eligible|No Eligible|Active Warps" \
-            "$OUT/ncu-tc-deep.txt" | head -50 | tee -a "$OUT/$measurement.txt"
     }
     ;;
 attention-choice)
