@@ -23,12 +23,12 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import hip_build_support
 import pytest
+import venv_support
 import wheel_support
 from dockerfile_support import stages
 from server_support import free_port
@@ -446,7 +446,7 @@ def test_hip_wheel_installs_and_links_where_the_base_wheel_does(smollm2_path, tm
         return int(m.group(1)), int(m.group(2))
 
     assert glibc(hip.name) <= glibc(base.name), (hip.name, base.name)
-    subprocess.run([sys.executable, "-m", "venv", tmp_path / "venv"], check=True, capture_output=True)
+    venv_support.fresh_venv(tmp_path / "venv")  # with the suite's pip (tests/support/venv_support.py says why)
     venv = tmp_path / "venv"
     env = {
         k: v

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import venv_support
 from server_support import free_port
 
 pytestmark = pytest.mark.slow
@@ -74,8 +75,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def _venv(path: Path) -> Path:
-    _run([sys.executable, "-m", "venv", path], cwd=path.parent)
-    return path / "bin" / "python"
+    return venv_support.fresh_venv(path)  # with the suite's pip (tests/support/venv_support.py says why)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import venv_support
 import wheel_support
 from server_support import free_port
 from skip_support import skip_platform_limit
@@ -71,8 +72,7 @@ def base_wheel() -> Path:
 def venv(base_wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A fresh venv with the base wheel, and an environment whose PATH has the venv and no compiler."""
     root = tmp_path_factory.mktemp("wheel-venv")
-    _run([sys.executable, "-m", "venv", root / "venv"], cwd=root, env=dict(os.environ))
-    py = root / "venv" / "bin" / "python"
+    py = venv_support.fresh_venv(root / "venv")  # with the suite's pip (tests/support/venv_support.py says why)
     env = _user_env(root / "venv")
     assert not [c for c in COMPILERS if shutil.which(c, path=env["PATH"])], env["PATH"]
     _run([py, "-m", "pip", "install", "-q", base_wheel], cwd=root, env=env)
@@ -251,7 +251,7 @@ def test_cuda_wheel_installs_with_the_base_wheel_says_once_why_no_gpu_runs_and_s
     links.mkdir()
     for whl in (base_wheel, cuda):
         shutil.copy(whl, links)
-    _run([sys.executable, "-m", "venv", tmp_path / "venv"], cwd=tmp_path, env=dict(os.environ))
+    venv_support.fresh_venv(tmp_path / "venv")
     root = tmp_path / "venv"
     env = _user_env(root)
     assert not [c for c in (*COMPILERS, "nvcc") if shutil.which(c, path=env["PATH"])], env["PATH"]
