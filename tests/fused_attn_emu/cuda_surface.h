@@ -309,6 +309,20 @@ static inline float warp_reduce_max(float x) {
     return x;
 }
 
+// ---- device memory seen by every block: the atomics, fences and L1-bypassing loads the folded combine uses ----
+// (atomics with acquire-release order: what a block wrote before its __threadfence() and count is seen by the block
+// whose count comes after it, as the GPU's memory model gives it, and as ThreadSanitizer can check it)
+static inline unsigned atomicInc(unsigned * address, const unsigned val) {
+    unsigned old = __atomic_load_n(address, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(address, &old, old >= val ? 0u : old + 1u, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <typename T>
+static inline T __ldcg(const T * ptr) { return *ptr; }
+
 // ---- shared memory: the launch's dynamic buffer, and each block's instances of the static arrays ----
 static int64_t * g_smem = nullptr;       // the launch's dynamic shared memory (launch.h)
 static size_t    g_smem_dynamic = 0;

@@ -163,8 +163,10 @@ static bool run_case(const attn_case & c0, int seed) {
     std::mt19937 g(seed);
     const int kv_size = c.n_kv + 3;
     const size_t rk = block_bytes(c.tk)*(c.dk/32), rv = block_bytes(c.tv)*(c.dv/32);
-    // caches: [n_head_kv heads per cell row][kv_size cells][n_stream], as llama_kv_cache
-    std::vector<char>  kc(rk*c.n_head_kv*kv_size*c.n_stream), vc(rv*c.n_head_kv*kv_size*c.n_stream);
+    // caches: [n_head_kv heads per cell row][kv_size cells][n_stream], as llama_kv_cache; 16 bytes more, as a device
+    // buffer has them (allocations in whole 16-byte units at least): rows staged as windows read the 16-byte units of
+    // their first and last bytes
+    std::vector<char>  kc(rk*c.n_head_kv*kv_size*c.n_stream + 16), vc(rv*c.n_head_kv*kv_size*c.n_stream + 16);
     std::vector<float> kd((size_t) c.dk*c.n_head_kv*kv_size*c.n_stream), vd((size_t) c.dv*c.n_head_kv*kv_size*c.n_stream);
     for (size_t r = 0; r < (size_t) c.n_head_kv*kv_size*c.n_stream; ++r) {
         make_row(g, c.tk, c.dk, kc.data() + r*rk, kd.data() + r*c.dk);
@@ -236,20 +238,28 @@ static bool run_case(const attn_case & c0, int seed) {
         p.d_s1 = (int64_t) c.dv*c.n_head; p.d_s2 = c.dv; p.d_s3 = (int64_t) c.dv*c.n_head*c.ntok;
     }
     p.out_rot = c.out_rot;
-    p.uk = attn_decode_unit(p.rbk, (uintptr_t) p.k, p.k_nb1, p.k_nb2, p.k_nb3);
-    p.uv = attn_decode_unit(p.rbv, (uintptr_t) p.v, p.v_nb1, p.v_nb2, p.v_nb3);
-    p.gk = attn_decode_stage_geo(p.rbk, p.uk);
-    p.gv = attn_decode_stage_geo(p.rbv, p.uv);
+    attn_decode_rows(p.rbk, (uintptr_t) p.k, p.k_nb1, p.k_nb2, p.k_nb3, p.uk, p.wk, p.rsk, p.gk);
+    attn_decode_rows(p.rbv, (uintptr_t) p.v, p.v_nb1, p.v_nb2, p.v_nb3, p.uv, p.wv, p.rsv, p.gv);
 
     const int cg = attn_decode_cg(p.ncols);
     p.nbuf = c.nbuf;
-    const size_t smem = c.tc ? attn_decode_tc_smem(p.dk, p.dv, p.rbk, p.rbv, p.nbuf)
-                             : attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf, c.vmma);
+    const size_t smem = c.tc ? attn_decode_tc_smem(p.dk, p.dv, p.rsk, p.rsv, p.nbuf)
+                             : attn_decode_smem(p.ncols, p.dk, p.dv, p.rsk, p.rsv, p.nbuf, c.vmma);
     if (smem > EMU_LDS_LIMIT) {
         // ggml_cuda_attn_decode_fused_supported refuses it (the device's shared memory): the separate ops run
         printf("SKIP %s/%s dk=%d dv=%d ncols=%d: %zu bytes of shared memory, above the device's %zu\n", tname(c.tk),
                tname(c.tv), c.dk, c.dv, p.ncols, smem, EMU_LDS_LIMIT);
         return true;
+    }
+    // the combine folded into the kernel where the host folds it (attn_decode_fold_fits), on counts that start at 0 and
+    // must be 0 again afterwards
+    std::vector<unsigned> counts((size_t) c.n_stream*p.n_head_kv*p.ntiles, 0u);
+    {
+        const int    ncmax = c.tc ? AD_TC_COLS : AD_CT;
+        const size_t room  = c.tc ? attn_decode_tc_fold_room(p.dk, p.dv) : attn_decode_fold_room(p.ncols, p.dk, p.dv);
+        if (attn_decode_fold_fits(std::min(ncmax, p.ncols), p.dv, p.nsplit, room)) {
+            p.fold = counts.data();
+        }
     }
     std::unique_ptr<float[]>  part_o;
     std::unique_ptr<float2[]> part_ml;
@@ -301,7 +311,7 @@ static bool run_case(const attn_case & c0, int seed) {
         if (c.tv == GGML_TYPE_Q4_0) kern(tk, q40{}); else if (c.tv == GGML_TYPE_Q4_1) kern(tk, q41{}); else kern(tk, q80{});
     };
     if (c.tk == GGML_TYPE_Q4_0) kv(q40{}); else if (c.tk == GGML_TYPE_Q4_1) kv(q41{}); else kv(q80{});
-    if (nsplit > 1) {
+    if (nsplit > 1 && !p.fold) {
         launch(dim3((unsigned) p.ncols, (unsigned) p.n_head_kv, (unsigned) c.n_stream), dim3(AD_NT), attn_decode_combine_smem(p.nsplit, p.dv), [&] {
             k_attn_decode_combine(p.part_o, p.part_ml, p.sinks, p.dst, p.dv, p.ncols, p.ntok, p.gqa, p.n_head_kv, p.nsplit,
                                   p.d_s1, p.d_s2, p.d_s3, p.out_rot);
@@ -327,11 +337,12 @@ static bool run_case(const attn_case & c0, int seed) {
     const double nmse = num/den;
     // f32 V*P: rounding only (<= 7e-14 seen); tensor-core V*P: V and P rounded to f16 once each (relative
     // 2^-11 at most), an error of its own kind, bounded separately
-    const bool ok = finite && nmse < (c.vmma || c.tc ? 1e-6 : 1e-9);
-    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d vmma=%d tc=%d: nsplit=%d cg=%d units=%d/%d nmse=%.3g\n",
+    const bool counts0 = std::all_of(counts.begin(), counts.end(), [](unsigned n) { return n == 0; });
+    const bool ok = finite && counts0 && nmse < (c.vmma || c.tc ? 1e-6 : 1e-9);
+    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d vmma=%d tc=%d: nsplit=%d fold=%d cg=%d units=%d/%d windows=%d/%d nmse=%.3g\n",
            ok ? "OK  " : "FAIL", tname(c.tk), tname(c.tv), c.dk, c.dv, c.n_head, c.n_head_kv, c.n_kv, c.ntok, c.n_stream,
-           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, c.nbuf, (int) c.tail, c.out_rot, (int) c.vmma, (int) c.tc, (int) nsplit, cg,
-           p.uk, p.uv, nmse);
+           (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, c.nbuf, (int) c.tail, c.out_rot, (int) c.vmma, (int) c.tc, (int) nsplit, (int) (p.fold != nullptr), cg,
+           p.uk, p.uv, p.wk, p.wv, nmse);
     return ok;
 }
 

@@ -26,6 +26,7 @@ per surface (~40-60 s) and ~11 s (CUDA) / ~5 s (HIP) of runs; both compiles at o
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,13 @@ def test_fused_attn_kernels_on_cpu_threads_match_float64(harness_runs):
     # cores (k_attn_decode_tc: tiles of 16 columns, d 64/128/192, every K and V type)
     assert proc.stdout.count(" vmma=0 tc=0:") >= 20 and proc.stdout.count(" vmma=1 tc=0:") >= 10, proc.stdout
     assert proc.stdout.count(" tc=1:") >= 10, proc.stdout
+    # the combine folded into the last block (few splits: attn_decode_fold_fits) in both forms, and the separate
+    # combine where the splits are many; rows staged as 16-byte windows (K rows of 204 bytes) and in plain units
+    assert proc.stdout.count(" tc=0: nsplit=") > proc.stdout.count(" tc=0: nsplit=1 "), proc.stdout
+    assert len(re.findall(r" tc=0: nsplit=\d+ fold=1", proc.stdout)) >= 10, proc.stdout
+    assert len(re.findall(r" tc=1: nsplit=\d+ fold=1", proc.stdout)) >= 5, proc.stdout
+    assert len(re.findall(r" nsplit=(?!1 )\d+ fold=0", proc.stdout)) >= 3, proc.stdout
+    assert proc.stdout.count(" windows=1/") >= 20 and proc.stdout.count(" windows=0/0") >= 2, proc.stdout
 
 
 @pytest.mark.slow
@@ -110,6 +118,7 @@ def test_fused_attn_f32_vp_is_correct_at_wavefront_64(harness_runs):
     assert proc.stdout.count(" vmma=0 tc=0:") >= 20, proc.stdout
     assert " vmma=1" not in proc.stdout and " tc=1:" not in proc.stdout, "NVIDIA's tensor-core forms only"
     assert proc.stdout.count(" nbuf=1 ") == proc.stdout.count(" vmma=0 tc=0:"), "HIP has one tile buffer"
+    assert proc.stdout.count(" fold=1 ") >= 10 and proc.stdout.count(" windows=1/") >= 10, proc.stdout
 
 
 @pytest.mark.slow

@@ -49,13 +49,26 @@
 // the tensor-core V*P: its layout constants, the two instructions and the phase's device functions
 #include "attn-decode-vmma.cuh"
 
-// how the threads walk the staging units of a tile (rows of rb bytes in units of `unit` bytes): unit i = threadIdx.x +
-// k*AD_NT is byte o*unit of row r = i/upr, (r, o) stepped by (dr, dox); planned on the host (attn_decode_stage_geo), so
-// that the kernel divides nothing (three integer divisions per call, two calls per tile otherwise); the thread's
-// first row is (threadIdx.x*mg) >> 16 with mg = ceil(2^16/upr), exact for threadIdx.x < AD_NT and upr < 2^9
+// how the threads walk the staging units of a tile (rows of upr units of `unit` bytes, rs bytes apart in shared
+// memory): unit i = threadIdx.x + k*AD_NT is byte o*unit of row r = i/upr, (r, o) stepped by (dr, dox); planned once
+// (attn_decode_stage_geo: on the host, or once per block for windows), so that the tiles divide nothing (three integer
+// divisions per call, two calls per tile otherwise); the thread's first row is (threadIdx.x*mg) >> 16 with
+// mg = ceil(2^16/upr), exact for threadIdx.x < AD_NT and upr < 2^9
 struct ad_stage_geo {
-    int unit, rb, upr, dr, dox, mg;
+    int unit, rs, upr, dr, dox, mg;
 };
+
+// the walk of rows of `bytes` bytes (a multiple of unit) in units of `unit`, rs bytes apart in shared memory
+static __host__ __device__ __forceinline__ ad_stage_geo attn_decode_stage_geo(const int bytes, const int unit, const int rs) {
+    ad_stage_geo g;
+    g.unit = unit;
+    g.rs   = rs;
+    g.upr  = bytes/unit;
+    g.dr   = AD_NT/g.upr;
+    g.dox  = AD_NT - g.dr*g.upr;
+    g.mg   = (65536 + g.upr - 1)/g.upr;
+    return g;
+}
 
 struct attn_decode_params {
     const char  * q;
@@ -70,9 +83,12 @@ struct attn_decode_params {
     int dk, dv, n_kv, n_head_kv, gqa, ntok, ncols, ntiles, nsplit, cps, hadamard_n;
     int nbuf;     // K and V tile buffers: 2 (the next tile's copies in flight during this tile's phases) or 1
     int out_rot;  // > 0: every out_rot-segment of an output row is Hadamard-rotated before it is written
+    unsigned * fold; // the combine folded into this kernel (ad_fold_combine): a count per (stream, KV head, tile), else null
     int rbk, rbv; // bytes of a K / V row (one cell of one KV head)
     int uk, uv;   // bytes per staging unit of K / V (16, 8, 4 or 2)
-    ad_stage_geo gk, gv; // the staging walks of K and V (attn_decode_stage_plan)
+    int wk, wv;   // K / V staged as windows (attn_decode_rows): 16-byte units around each row, at its offset in 16 bytes
+    int rsk, rsv; // bytes between two staged rows of K / V in shared memory (rbk / rbv unless staged as windows)
+    ad_stage_geo gk[8], gv[8]; // the staging walks of K and V (attn_decode_rows): [0], or for windows [offset/2]
     int m_ne2, m_ne3;
     int mask_f16; // k_attn_decode_tc: the mask is f16 (else f32); k_attn_decode takes it as a template parameter
     float scale;
@@ -93,12 +109,12 @@ static __device__ __forceinline__ float attn_decode_mask_value(const char * row,
     }
 }
 
-// copy rows [0, tn) of g.rb bytes each (global: src + r*nb; shared: dst + r*rb) in units of g.unit bytes, all threads of
+// copy rows [0, tn) of g.upr units of g.unit bytes each (global: src + r*nb; shared: dst + r*g.rs), all threads of
 // the block; with cp.async the copies are only issued (ad_commit + ad_wait complete them), else done on return
 static __device__ __forceinline__ void ad_stage(char * dst, const char * src, const int64_t nb, const ad_stage_geo & g,
         const int tn) {
     const int unit = g.unit;
-    const int rb   = g.rb;
+    const int rb   = g.rs;
     const int upr  = g.upr;
     const int n    = tn*upr;
     const int dr   = g.dr;
@@ -197,19 +213,40 @@ static __device__ __forceinline__ void ad_wait_all_but_newest() {
 #endif // CP_ASYNC_AVAILABLE
 }
 
+// where a block's staged K and V rows begin in shared memory: the rows' offset within 16 bytes for windows, else 0
+// (it also picks the staging walk: p.gk[koff/2])
+struct ad_rows_blk {
+    int koff, voff;
+};
+
+// windows (attn_decode_rows): every cell of the block's KV head and stream is a multiple of 16 bytes after its first
+// (nb1 % 16 == 0), so the block's rows share one (even) offset in 16 bytes, and each is staged as the 16-byte units
+// that cover it: the bytes read around a row lie in the 16-byte units of its own first and last bytes (never another
+// page, nor past the allocation). Moves kbase / vbase back to the first window. The walks for each offset are the
+// host's (p.gk, p.gv: kernel parameters, read where used, so that the block holds two offsets in registers).
+static __device__ __forceinline__ ad_rows_blk ad_rows_block(const attn_decode_params & p, const char *& kbase,
+        const char *& vbase) {
+    ad_rows_blk r;
+    r.koff = p.wk ? (int) ((uintptr_t) kbase & 15) : 0;
+    r.voff = p.wv ? (int) ((uintptr_t) vbase & 15) : 0;
+    kbase -= r.koff;
+    vbase -= r.voff;
+    return r;
+}
+
 // the K and V rows of cells [t0, t0 + tn) into a tile buffer (k_sh, v_sh), all threads of the block, as ad_stage
-static __device__ __forceinline__ void ad_stage_tile(const attn_decode_params & p, char * k_sh, char * v_sh,
-        const char * kbase, const char * vbase, const int t0, const int tn) {
-    ad_stage(k_sh, kbase + (int64_t) t0*p.k_nb1, p.k_nb1, p.gk, tn);
-    ad_stage(v_sh, vbase + (int64_t) t0*p.v_nb1, p.v_nb1, p.gv, tn);
+static __device__ __forceinline__ void ad_stage_tile(const attn_decode_params & p, const ad_rows_blk & rw, char * k_sh,
+        char * v_sh, const char * kbase, const char * vbase, const int t0, const int tn) {
+    ad_stage(k_sh, kbase + (int64_t) t0*p.k_nb1, p.k_nb1, p.gk[rw.koff >> 1], tn);
+    ad_stage(v_sh, vbase + (int64_t) t0*p.v_nb1, p.v_nb1, p.gv[rw.voff >> 1], tn);
 }
 
 // the top of the tile at cell t0 (the it-th of a split ending at c_end; buffers kbuf / vbuf bytes apart): with two
 // buffers the next tile's copies issued into the other one (its barrier was the previous tile's last) and this
 // tile's awaited, an empty group on the last tile keeping the count; with one, this tile's awaited. A barrier must
 // follow. Returns this tile's buffer.
-static __device__ __forceinline__ int ad_tile_wait(const attn_decode_params & p, char * k_sh0, char * v_sh0,
-        const int kbuf, const int vbuf, const char * kbase, const char * vbase, const int t0, const int it,
+static __device__ __forceinline__ int ad_tile_wait(const attn_decode_params & p, const ad_rows_blk & rw, char * k_sh0,
+        char * v_sh0, const int kbuf, const int vbuf, const char * kbase, const char * vbase, const int t0, const int it,
         const int c_end, const bool two) {
     if (!two) {
         ad_wait_all();
@@ -217,7 +254,7 @@ static __device__ __forceinline__ int ad_tile_wait(const attn_decode_params & p,
     }
     const int b = it & 1;
     if (t0 + AD_TC < c_end) {
-        ad_stage_tile(p, k_sh0 + (b ^ 1)*kbuf, v_sh0 + (b ^ 1)*vbuf, kbase, vbase, t0 + AD_TC,
+        ad_stage_tile(p, rw, k_sh0 + (b ^ 1)*kbuf, v_sh0 + (b ^ 1)*vbuf, kbase, vbase, t0 + AD_TC,
             min(AD_TC, c_end - t0 - AD_TC));
     }
     ad_commit();
@@ -226,10 +263,10 @@ static __device__ __forceinline__ int ad_tile_wait(const attn_decode_params & p,
 }
 
 // the bottom of the tile at t0, after the barrier that frees its buffers: with one buffer, the next tile staged into it
-static __device__ __forceinline__ void ad_tile_next(const attn_decode_params & p, char * k_sh0, char * v_sh0,
-        const char * kbase, const char * vbase, const int t0, const int c_end, const bool two) {
+static __device__ __forceinline__ void ad_tile_next(const attn_decode_params & p, const ad_rows_blk & rw, char * k_sh0,
+        char * v_sh0, const char * kbase, const char * vbase, const int t0, const int c_end, const bool two) {
     if (!two && t0 + AD_TC < c_end) {
-        ad_stage_tile(p, k_sh0, v_sh0, kbase, vbase, t0 + AD_TC, min(AD_TC, c_end - t0 - AD_TC));
+        ad_stage_tile(p, rw, k_sh0, v_sh0, kbase, vbase, t0 + AD_TC, min(AD_TC, c_end - t0 - AD_TC));
         ad_commit();
     }
 }
@@ -473,6 +510,125 @@ static __device__ __forceinline__ void ad_write_out(const attn_decode_params & p
     }
 }
 
+// a split's partial of another block, read past the L1 (which is not coherent between SMs): NVIDIA's ld.global.cg;
+// HIP's volatile loads are glc loads, which bypass the vector L1 the same way
+static __device__ __forceinline__ float4 ad_ld_cg4(const float * ptr) {
+#ifdef GGML_USE_HIP
+    const volatile float * v = ptr;
+    return make_float4(v[0], v[1], v[2], v[3]);
+#else
+    return __ldcg((const float4 *) ptr);
+#endif // GGML_USE_HIP
+}
+
+static __device__ __forceinline__ float2 ad_ld_cg2(const float2 * ptr) {
+#ifdef GGML_USE_HIP
+    const volatile float * v = (const volatile float *) ptr;
+    return make_float2(v[0], v[1]);
+#else
+    return __ldcg(ptr);
+#endif // GGML_USE_HIP
+}
+
+// The combine folded into the splits' kernel (p.fold, where the splits are few: attn_decode_fold_plan): every block
+// has written its partial (ad_write_out); the last of the nsplit blocks of a (stream, KV head, tile of columns) to
+// count itself in combines the nsplit partials of the tile's nc columns, so that a layer needs no second launch.
+// The count is atomicInc's, which wraps to 0 on the last block: the counts stay 0 between launches. Per column (a
+// group of 32 lanes, one split each: nsplit <= 32) the largest split max m, with the sink, the weights
+// exp(m_z - m) and 1/(sum_z w_z l_z + exp(sink - m)); then each thread 4 values of d_v of a column, the splits summed
+// in their order (8 loads in flight): deterministic. red: shared memory of at least attn_decode_fold_floats floats
+// that the block no longer needs. Every thread of the block calls it; the block's threads leave together.
+static __device__ __forceinline__ void ad_fold_combine(const attn_decode_params & p, float * red, const int col0,
+        const int nc, const int h, const int s, const int tile) {
+    __shared__ int last_sh[1];
+    const int tid = threadIdx.x;
+    const int nz  = p.nsplit;
+    __threadfence(); // this block's partial is seen by whichever block combines
+    __syncthreads();
+    if (tid == 0) {
+        const int64_t cnt = ((int64_t) s*p.n_head_kv + h)*p.ntiles + tile;
+        last_sh[0] = atomicInc(p.fold + cnt, (unsigned) nz - 1) == (unsigned) nz - 1;
+    }
+    __syncthreads();
+    if (!last_sh[0]) {
+        return;
+    }
+    __threadfence(); // every other block's partial, fenced before its count, is seen from here on
+
+    const int64_t blk0 = ((int64_t) s*p.n_head_kv + h)*nz;
+    float * w_sh  = red + nc*p.dv;  // [nc][nz] the splits' maxima, then their weights
+    float * l_sh  = w_sh + nc*nz;   // [nc][nz] the splits' sums
+    float * il_sh = l_sh + nc*nz;   // [nc] 1/(the column's sum)
+    for (int i = tid; i < nc*nz; i += AD_NT) {
+        const int c = i / nz;
+        const int z = i - c*nz;
+        const float2 ml = ad_ld_cg2(p.part_ml + (blk0 + z)*p.ncols + col0 + c);
+        w_sh[i] = ml.x;
+        l_sh[i] = ml.y;
+    }
+    __syncthreads();
+    // columns per group of 32 lanes, the same number of steps for every group (the shuffles' lanes all take part)
+    const int lane = tid % 32;
+    for (int c0 = 0; c0 < nc; c0 += AD_NT/32) {
+        const int  c  = c0 + tid/32;
+        const bool cz = c < nc && lane < nz;
+        const int  head = h*p.gqa + min(col0 + c, p.ncols - 1) / p.ntok;
+        const float mz = cz ? w_sh[c*nz + lane] : -INFINITY;
+        float m = warp_reduce_max<32>(mz);
+        if (p.sinks) {
+            m = fmaxf(m, p.sinks[head]);
+        }
+        const float w = mz == -INFINITY ? 0.0f : expf(mz - m);
+        float l = warp_reduce_sum<32>(cz ? w*l_sh[c*nz + lane] : 0.0f);
+        if (cz) {
+            w_sh[c*nz + lane] = w;
+        }
+        if (c < nc && lane == 0) {
+            il_sh[c] = 1.0f/(l + (p.sinks ? expf(p.sinks[head] - m) : 0.0f));
+        }
+    }
+    __syncthreads();
+    const int nvec = p.dv/4;
+    const int64_t zst = (int64_t) p.ncols*p.dv; // floats between two splits' partials of a column
+    for (int i = tid; i < nc*nvec; i += AD_NT) {
+        const int c = i / nvec;
+        const int e = i - c*nvec;
+        const float * src = p.part_o + (blk0*p.ncols + col0 + c)*p.dv + 4*e;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        constexpr int U = 8;
+        for (int z0 = 0; z0 < nz; z0 += U) {
+            float4 t[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                t[u] = z0 + u < nz ? ad_ld_cg4(src + (z0 + u)*zst) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float wz = z0 + u < nz ? w_sh[c*nz + z0 + u] : 0.0f;
+                o.x += wz*t[u].x; o.y += wz*t[u].y; o.z += wz*t[u].z; o.w += wz*t[u].w;
+            }
+        }
+        const float il = il_sh[c];
+        red[c*p.dv + 4*e + 0] = o.x*il;
+        red[c*p.dv + 4*e + 1] = o.y*il;
+        red[c*p.dv + 4*e + 2] = o.z*il;
+        red[c*p.dv + 4*e + 3] = o.w*il;
+    }
+    if (p.out_rot > 0) {
+        ad_fwht_rows(red, nc*p.dv, p.out_rot); // rows of whole segments: d_v is a multiple of out_rot
+    } else {
+        __syncthreads();
+    }
+    for (int i = tid; i < nc*p.dv; i += AD_NT) {
+        const int c    = i / p.dv;
+        const int i0   = i - c*p.dv;
+        const int col  = col0 + c;
+        const int tok  = col % p.ntok;
+        const int head = h*p.gqa + col / p.ntok;
+        p.dst[tok*p.d_s1 + head*p.d_s2 + s*p.d_s3 + i0] = red[i];
+    }
+}
+
 // A. the scores of a tile: a group of AD_TPR threads computes the tile's rows rg + u*RPI (u < NR) together, so that
 // each int8 query block read from shared memory serves NR rows (uniform trip counts: the reduction shuffles within
 // groups of AD_TPR lanes); s = dot*scale + mask into s_sh [AD_TC][sst] (padded columns and rows past tn: 0)
@@ -490,7 +646,7 @@ static __device__ __forceinline__ void ad_scores_tile(const attn_decode_params &
     for (int u = 0; u < NR; ++u) {
         const int r = u*RPI + rg;
         rok[u]  = r < tn;
-        krow[u] = k_sh + min(r, tn - 1)*p.rbk;
+        krow[u] = k_sh + min(r, tn - 1)*p.rsk;
     }
 
     constexpr int NM = (CG + AD_TPR - 1)/AD_TPR; // columns whose score this thread writes, per row and chunk
@@ -599,10 +755,10 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
     float   * m_sh = s_sh + AD_TC*sst;          // [AD_CT] running max
     float   * l_sh = m_sh + AD_CT;              // [AD_CT] running sum
     float   * a_sh = l_sh + AD_CT;              // [AD_CT] rescale factor of the current tile
-    // [nbuf][AD_TC][rbk] the tiles' K rows, each buffer 16-byte aligned (as attn_decode_smem counts), then
-    // [nbuf][AD_TC][rbv] their V rows
-    const int kbuf = (AD_TC*p.rbk + 15)/16*16;
-    const int vbuf = (AD_TC*p.rbv + 15)/16*16;
+    // [nbuf][AD_TC][rsk] the tiles' K rows, each buffer 16-byte aligned (as attn_decode_smem counts), then
+    // [nbuf][AD_TC][rsv] their V rows
+    const int kbuf = (AD_TC*p.rsk + 15)/16*16;
+    const int vbuf = (AD_TC*p.rsv + 15)/16*16;
     char    * k_sh0 = (char *) ad_smem + ((const char *) (a_sh + AD_CT) - (const char *) ad_smem + 15)/16*16;
     char    * v_sh0 = k_sh0 + p.nbuf*kbuf;
     int     * qi_sh = (int *) (v_sh0 + p.nbuf*vbuf); // [ncp][dk/4] the queries as int8, 4 per int
@@ -616,13 +772,14 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
 
     const char * kbase = p.k + h*p.k_nb2 + s*p.k_nb3;
     const char * vbase = p.v + h*p.v_nb2 + s*p.v_nb3;
+    const ad_rows_blk rw = ad_rows_block(p, kbase, vbase); // a staged row's bytes begin at +koff / +voff
 
     // launched early behind the kernel before it (programmatic dependent launch): everything above is index
     // arithmetic; the caches, queries and mask are read only after that kernel has finished and its writes are seen
     ggml_cuda_pdl_sync();
 
     // the first tile's K and V: their loads overlap the queries' staging
-    ad_stage_tile(p, k_sh0, v_sh0, kbase, vbase, c_begin, min(AD_TC, c_end - c_begin));
+    ad_stage_tile(p, rw, k_sh0, v_sh0, kbase, vbase, c_begin, min(AD_TC, c_end - c_begin));
     ad_commit();
 
     ad_load_queries(p, q_sh, qi_sh, qd_sh, moff, m_sh, l_sh, a_sh, col0, nc, ncp, h, s);
@@ -657,9 +814,9 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
     const bool two = AD_NBUF_MAX == 2 && p.nbuf == 2;
     for (int t0 = c_begin, it = 0; t0 < c_end; t0 += AD_TC, ++it) {
         const int tn = min(AD_TC, c_end - t0);
-        const int b  = ad_tile_wait(p, k_sh0, v_sh0, kbuf, vbuf, kbase, vbase, t0, it, c_end, two);
-        const char * k_sh = k_sh0 + b*kbuf;
-        const char * v_sh = v_sh0 + b*vbuf;
+        const int b  = ad_tile_wait(p, rw, k_sh0, v_sh0, kbuf, vbuf, kbase, vbase, t0, it, c_end, two);
+        const char * k_sh = k_sh0 + b*kbuf + rw.koff;
+        const char * v_sh = v_sh0 + b*vbuf + rw.voff;
         __syncthreads();
 
         // A. scores
@@ -674,7 +831,7 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
         // in the cells' order)
         if constexpr (VMMA) {
 #ifdef AD_VMMA_CODE
-            ad_vp_mma<type_v, NTM>(v_sh, p.rbv, vw_sh + (tid/32)*16*AD_VWS, pt_sh, a_sh, macc, ncp, tn);
+            ad_vp_mma<type_v, NTM>(v_sh, p.rsv, vw_sh + (tid/32)*16*AD_VWS, pt_sh, a_sh, macc, ncp, tn);
 #endif // AD_VMMA_CODE
         } else if (vactive) {
 #pragma unroll
@@ -690,8 +847,8 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
             for (; c + nph < tn; c += 2*nph) {
                 float va[8];
                 float vb[8];
-                dequantize_x8<type_v>(v_sh + c*p.rbv, jv, va);
-                dequantize_x8<type_v>(v_sh + (c + nph)*p.rbv, jv, vb);
+                dequantize_x8<type_v>(v_sh + c*p.rsv, jv, va);
+                dequantize_x8<type_v>(v_sh + (c + nph)*p.rsv, jv, vb);
 #pragma unroll
                 for (int cc = 0; cc < CG; ++cc) {
                     const float pa = s_sh[c*sst + gv*CG + cc];
@@ -706,7 +863,7 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
 #endif // GGML_USE_HIP
             for (; c < tn; c += nph) {
                 float vv[8];
-                dequantize_x8<type_v>(v_sh + c*p.rbv, jv, vv);
+                dequantize_x8<type_v>(v_sh + c*p.rsv, jv, vv);
 #pragma unroll
                 for (int cc = 0; cc < CG; ++cc) {
                     const float pr = s_sh[c*sst + gv*CG + cc];
@@ -718,7 +875,7 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
             }
         }
         __syncthreads(); // this tile's buffers and s_sh are free
-        ad_tile_next(p, k_sh0, v_sh0, kbase, vbase, t0, c_end, two);
+        ad_tile_next(p, rw, k_sh0, v_sh0, kbase, vbase, t0, c_end, two);
     }
 
     // the cells are done: the next kernel (the combine, or the output's consumer) may start launching; it waits for
@@ -747,6 +904,9 @@ static __global__ void __launch_bounds__(AD_NT, AD_MIN_BLOCKS(CG)) k_attn_decode
     }
 
     ad_write_out(p, q_sh, m_sh, l_sh, col0, nc, h, s, z);
+    if (p.fold) {
+        ad_fold_combine(p, q_sh, col0, nc, h, s, tile); // q_sh and s_sh: attn_decode_fold_floats
+    }
 }
 
 // the combine's split weights w_z = exp(m_z - m) into w_sh [nsplit] (m: the largest split max and the sink), from
@@ -893,16 +1053,33 @@ static int attn_decode_unit(const int rb, const uintptr_t base, const int64_t nb
     return 2;
 }
 
-// the staging walk of rows of rb bytes in units of `unit` bytes (ad_stage_geo)
-static ad_stage_geo attn_decode_stage_geo(const int rb, const int unit) {
-    ad_stage_geo g;
-    g.unit = unit;
-    g.rb   = rb;
-    g.upr  = rb/unit;
-    g.dr   = AD_NT/g.upr;
-    g.dox  = AD_NT - g.dr*g.upr;
-    g.mg   = (65536 + g.upr - 1)/g.upr;
-    return g;
+// how the rows of rb bytes of a cache (base, strides) are staged: in the widest unit dividing the row, the base and
+// the strides (attn_decode_unit), rows rb bytes apart in shared memory; or, where that unit is narrower than 16 bytes
+// and the cells are 16-byte aligned apart (nb1), as windows (ad_rows_block): a row of q8_0 d 192 (204 bytes at
+// offsets 0, 4, 8, 12 of 16) takes 13-14 copies of 16 bytes instead of 51 of 4. Windowed rows lie rs bytes apart:
+// room for the largest offset any block's rows can have, an odd multiple of 16 (eight consecutive rows start in
+// eight distinct groups of four banks: the K reads of both forms take 8 rows per warp).
+static void attn_decode_rows(const int rb, const uintptr_t base, const int64_t nb1, const int64_t nb2, const int64_t nb3,
+        int & unit, int & win, int & rs, ad_stage_geo * g) {
+    unit = attn_decode_unit(rb, base, nb1, nb2, nb3);
+    win  = unit < 16 && nb1 % 16 == 0 && base % 2 == 0 && nb2 % 2 == 0 && nb3 % 2 == 0; // even offsets
+    rs   = rb;
+    for (int i = 0; i < 8; ++i) {
+        g[i] = attn_decode_stage_geo(rb, unit, rb);
+    }
+    if (win) {
+        // the blocks' first rows lie at base + h*nb2 + s*nb3: their offsets in 16 bytes are base % a + multiples of a
+        int a = 16;
+        while (nb2 % a != 0 || nb3 % a != 0) {
+            a /= 2;
+        }
+        const int maxoff = (int) (base % a) + 16 - a;
+        rs = (maxoff + rb + 15)/16*16;
+        rs += (rs/16) % 2 == 0 ? 16 : 0;
+        for (int i = 0; i < 8; ++i) { // the walk of a block whose rows lie at offset 2i in 16 bytes
+            g[i] = attn_decode_stage_geo((2*i + rb + 15)/16*16, 16, rs);
+        }
+    }
 }
 
 // columns per chunk: 1 (one column), 4 (up to 4: the 8B shape's GQA 4 at one token), 8
@@ -940,6 +1117,24 @@ static void attn_decode_plan(attn_decode_params & p, const int nstream, const in
     p.nsplit = (int) nsplit;
 }
 
+// the folded combine (ad_fold_combine): where a tile's splits are at most AD_FOLD_MAX_SPLITS and their partials at
+// most AD_FOLD_MAX_PARTS columns x splits (the last block reads them all: the SWA layers' 8 x 12 at 768 cells, not the
+// full layers' 16 x 20 at 1,280, which k_attn_decode_combine spreads over 16 blocks), and where the block's free
+// shared memory holds attn_decode_fold_floats floats (room: k_attn_decode's queries and scores, k_attn_decode_tc's V rows)
+#define AD_FOLD_MAX_SPLITS 32
+#define AD_FOLD_MAX_PARTS  128
+static bool attn_decode_fold_fits(const int nc, const int dv, const int nsplit, const size_t room) {
+    const size_t floats = (size_t) nc*dv + 2*(size_t) nc*nsplit + nc;
+    return nsplit > 1 && nsplit <= AD_FOLD_MAX_SPLITS && nc*nsplit <= AD_FOLD_MAX_PARTS && floats*sizeof(float) <= room;
+}
+
+// k_attn_decode's free shared memory at the end (its queries' and scores' arrays), bytes
+static size_t attn_decode_fold_room(const int ncols, const int dk, const int dv) {
+    const int cg  = attn_decode_cg(ncols);
+    const int ncp = (std::min(AD_CT, ncols) + cg - 1)/cg*cg;
+    return ((size_t) ncp*std::max(dk, dv) + (size_t) AD_TC*(ncp + 1))*sizeof(float);
+}
+
 static size_t attn_decode_combine_smem(const int nsplit, const int dv) {
     return (2*(size_t) nsplit + AD_NT/32 + (size_t) (AD_NT/(dv/4))*dv)*sizeof(float);
 }
@@ -951,6 +1146,14 @@ static bool attn_decode_type_supported(const ggml_type type) {
 // bytes of a row of d values (d a multiple of the block size)
 static int attn_decode_row_bytes(const ggml_type type, const int64_t d) {
     return (int) (d/ggml_blck_size(type)*ggml_type_size(type));
+}
+
+// the row bytes and the staging of the K and V caches into p
+static void attn_decode_layout(attn_decode_params & p, const ggml_tensor * k, const ggml_tensor * v) {
+    p.rbk = attn_decode_row_bytes(k->type, k->ne[0]);
+    p.rbv = attn_decode_row_bytes(v->type, v->ne[0]);
+    attn_decode_rows(p.rbk, (uintptr_t) k->data, k->nb[1], k->nb[2], k->nb[3], p.uk, p.wk, p.rsk, p.gk);
+    attn_decode_rows(p.rbv, (uintptr_t) v->data, v->nb[1], v->nb[2], v->nb[3], p.uv, p.wv, p.rsv, p.gv);
 }
 
 // the splits aim at AD_SPLIT_BPSM blocks per SM, each split at least AD_SPLIT_MIN_TILES tiles of AD_TC cells (as
@@ -1085,8 +1288,9 @@ bool ggml_cuda_attn_decode_fused_supported(const ggml_tensor * kq, const ggml_te
     }
     // the staged K and V tiles must fit the device's shared memory (d 256 x 32 columns of q8_0 needs ~76 KB: above a
     // 64 KB limit, e.g. AMD's, such shapes keep the separate ops)
-    const size_t smem = attn_decode_smem((int) (ntok*gqa), (int) dk, (int) dv, attn_decode_row_bytes(k->type, dk),
-        attn_decode_row_bytes(v->type, dv), 1, false);
+    attn_decode_params lp = {};
+    attn_decode_layout(lp, k, v);
+    const size_t smem = attn_decode_smem((int) (ntok*gqa), (int) dk, (int) dv, lp.rsk, lp.rsv, 1, false);
     if (smem > ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo) {
         return false;
     }
@@ -1110,10 +1314,10 @@ bool ggml_cuda_attn_decode_fused_auto(const ggml_tensor * kq, const ggml_tensor 
     return true;
 #else
     const int ncols = (int) (q->ne[2]/k->ne[2]);
-    const int rbk   = attn_decode_row_bytes(k->type, k->ne[0]);
-    const int rbv   = attn_decode_row_bytes(v->type, v->ne[0]);
-    return attn_decode_tc_nbuf((int) k->ne[0], (int) v->ne[0], rbk, rbv, ncols, (int) k->ne[1]) > 0 ||
-        attn_decode_vmma(ncols, (int) k->ne[0], (int) v->ne[0], rbk, rbv);
+    attn_decode_params lp = {};
+    attn_decode_layout(lp, k, v);
+    return attn_decode_tc_nbuf((int) k->ne[0], (int) v->ne[0], lp.rsk, lp.rsv, ncols, (int) k->ne[1]) > 0 ||
+        attn_decode_vmma(ncols, (int) k->ne[0], (int) v->ne[0], lp.rsk, lp.rsv);
 #endif
 }
 
@@ -1252,6 +1456,29 @@ static int attn_decode_tc_dispatch(const ggml_type type_k, const ggml_type type_
 }
 #endif // GGML_USE_HIP
 
+// the folded combine's counts for a stream (ad_fold_combine): AD_FOLD_COUNTS per stream, allocated and zeroed in
+// the stream's order on its first use (inside a CUDA graph's capture too: ggml captures in relaxed mode, which allows
+// cudaMalloc, and the zeroing then is a node of that graph, harmless on every replay), never freed or moved, so that
+// captured graphs keep their address; the kernels leave them at 0. A stream of its own per context: two contexts'
+// kernels running at once never share a count. Null where n counts do not fit.
+#define AD_FOLD_COUNTS 4096
+static unsigned * attn_decode_fold_counts(cudaStream_t stream, const int64_t n) {
+    if (n > AD_FOLD_COUNTS) {
+        return nullptr;
+    }
+    static std::mutex                                   mutex;
+    static std::unordered_map<cudaStream_t, unsigned *> counts;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = counts.find(stream);
+    if (it == counts.end()) {
+        unsigned * d = nullptr;
+        CUDA_CHECK(cudaMalloc((void **) &d, AD_FOLD_COUNTS*sizeof(unsigned)));
+        CUDA_CHECK(cudaMemsetAsync(d, 0, AD_FOLD_COUNTS*sizeof(unsigned), stream));
+        it = counts.emplace(stream, d).first;
+    }
+    return it->second;
+}
+
 bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_tensor * q, const ggml_tensor * kq,
         const ggml_tensor * softmax, ggml_tensor * kqv, const int hadamard_n, ggml_tensor * out, const int out_rot) {
     GGML_ASSERT(ggml_cuda_attn_decode_fused_supported(kq, softmax, kqv));
@@ -1281,17 +1508,16 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
 
     const int nstream = (int) k->ne[3];
 
-    p.rbk = attn_decode_row_bytes(k->type, p.dk);
-    p.rbv = attn_decode_row_bytes(v->type, p.dv);
+    attn_decode_layout(p, k, v);
     p.mask_f16 = mask && mask->type == GGML_TYPE_F16;
     // k_attn_decode_tc where it exists: tiles of 16 columns, and splits for whole waves of the blocks per SM its
     // resources allow
-    const int tc_nbuf = attn_decode_tc_nbuf(p.dk, p.dv, p.rbk, p.rbv, p.ncols, p.n_kv);
+    const int tc_nbuf = attn_decode_tc_nbuf(p.dk, p.dv, p.rsk, p.rsv, p.ncols, p.n_kv);
     size_t tc_smem = 0;
     if (tc_nbuf > 0) {
 #ifndef GGML_USE_HIP
         p.ntiles = (p.ncols + AD_TC_COLS - 1)/AD_TC_COLS;
-        tc_smem  = attn_decode_tc_smem(p.dk, p.dv, p.rbk, p.rbv, tc_nbuf);
+        tc_smem  = attn_decode_tc_smem(p.dk, p.dv, p.rsk, p.rsv, tc_nbuf);
         static std::mutex                        tc_mutex;
         static std::unordered_map<uint64_t, int> tc_bpsm;
         const uint64_t key = ((uint64_t) k->type << 48) ^ ((uint64_t) v->type << 40) ^ ((uint64_t) p.dk << 28) ^
@@ -1333,15 +1559,20 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
         p.d_s1 = kqv->nb[1]/sizeof(float); p.d_s2 = kqv->nb[2]/sizeof(float); p.d_s3 = kqv->nb[3]/sizeof(float);
     }
     p.out_rot = out_rot;
-    p.uk = attn_decode_unit(p.rbk, (uintptr_t) k->data, k->nb[1], k->nb[2], k->nb[3]);
-    p.uv = attn_decode_unit(p.rbv, (uintptr_t) v->data, v->nb[1], v->nb[2], v->nb[3]);
-    p.gk = attn_decode_stage_geo(p.rbk, p.uk);
-    p.gv = attn_decode_stage_geo(p.rbv, p.uv);
 
     const int    cg   = attn_decode_cg(p.ncols);
-    const bool   vmma = tc_nbuf > 0 || attn_decode_vmma(p.ncols, p.dk, p.dv, p.rbk, p.rbv);
-    p.nbuf            = tc_nbuf > 0 ? tc_nbuf : attn_decode_nbuf(p.ncols, p.dk, p.dv, p.rbk, p.rbv, vmma);
-    const size_t smem = tc_nbuf > 0 ? tc_smem : attn_decode_smem(p.ncols, p.dk, p.dv, p.rbk, p.rbv, p.nbuf, vmma);
+    const bool   vmma = tc_nbuf > 0 || attn_decode_vmma(p.ncols, p.dk, p.dv, p.rsk, p.rsv);
+    p.nbuf            = tc_nbuf > 0 ? tc_nbuf : attn_decode_nbuf(p.ncols, p.dk, p.dv, p.rsk, p.rsv, vmma);
+    const size_t smem = tc_nbuf > 0 ? tc_smem : attn_decode_smem(p.ncols, p.dk, p.dv, p.rsk, p.rsv, p.nbuf, vmma);
+
+    // the combine folded into the kernel where the splits are few (attn_decode_fold_fits)
+    {
+        const int    ncmax = tc_nbuf > 0 ? AD_TC_COLS : AD_CT;
+        const size_t room  = tc_nbuf > 0 ? attn_decode_tc_fold_room(p.dk, p.dv) : attn_decode_fold_room(p.ncols, p.dk, p.dv);
+        if (attn_decode_fold_fits(std::min(ncmax, p.ncols), p.dv, p.nsplit, room)) {
+            p.fold = attn_decode_fold_counts(stream, (int64_t) nstream*p.n_head_kv*p.ntiles);
+        }
+    }
 
     ggml_cuda_pool_alloc<float>  part_o(ctx.pool());
     ggml_cuda_pool_alloc<float2> part_ml(ctx.pool());
@@ -1369,7 +1600,7 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
     }
     CUDA_CHECK(cudaGetLastError());
 
-    if (nsplit > 1) {
+    if (nsplit > 1 && !p.fold) {
         const dim3 grid_c((unsigned) p.ncols, (unsigned) p.n_head_kv, (unsigned) nstream);
         attn_decode_kernel_launch(k_attn_decode_combine, grid_c, attn_decode_combine_smem(p.nsplit, p.dv), stream,
             (const float *) p.part_o, (const float2 *) p.part_ml, p.sinks, p.dst, p.dv, p.ncols, p.ntok, p.gqa,

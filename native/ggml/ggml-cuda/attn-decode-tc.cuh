@@ -94,6 +94,13 @@ static __device__ __forceinline__ unsigned ad_tc_pack_h2(const float lo, const f
 }
 #endif // AD_VMMA_CODE
 
+// the last part of k_attn_decode_tc's shared memory, bytes: the warps' f16 V rows, which hold the f32 queries while
+// they are quantized and the block's sums at the end, and then the folded combine's arrays (ad_fold_combine)
+static size_t attn_decode_tc_fold_room(const int dk, const int dv) {
+    return std::max({(size_t) (AD_NT/32)*16*(dv + 8)*sizeof(half), (size_t) AD_TC_COLS*std::max(dk, dv)*sizeof(float),
+                     (size_t) AD_TC_COLS*(2*dv + 4)*sizeof(float)});
+}
+
 // dynamic shared memory of k_attn_decode_tc: mask offsets and the running state arrays ad_load_queries fills, the
 // warps' (max, sum) per column, the int8 queries and their scales, nbuf K and V tiles, then the warps' f16 V rows,
 // which also hold the f32 queries while they are quantized and the block's sums at the end
@@ -101,10 +108,7 @@ static size_t attn_decode_tc_smem(const int dk, const int dv, const int rbk, con
     const size_t front = AD_CT*sizeof(int64_t) + (3*AD_CT + 2*(AD_NT/32)*AD_TC_COLS)*sizeof(float) +
         (size_t) AD_TC_COLS*dk + (size_t) AD_TC_COLS*(dk/32)*2*sizeof(float);
     const size_t tiles = nbuf*((size_t) (AD_TC*rbk + 15)/16*16 + (size_t) (AD_TC*rbv + 15)/16*16);
-    const size_t vw    = std::max({(size_t) (AD_NT/32)*16*(dv + 8)*sizeof(half),
-                                   (size_t) AD_TC_COLS*std::max(dk, dv)*sizeof(float),
-                                   (size_t) AD_TC_COLS*(2*dv + 4)*sizeof(float)});
-    return (front + 15)/16*16 + tiles + vw;
+    return (front + 15)/16*16 + tiles + attn_decode_tc_fold_room(dk, dv);
 }
 
 // one block = (split of the cells, KV head x tile of <= 16 query columns, stream), 128 threads = 4 warps of 32 lanes
@@ -145,8 +149,8 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     float   * wl_sh = wm_sh + NW*AD_TC_COLS;        // [NW][16] the warps' running sum per column
     int     * qi_sh = (int *) (wl_sh + NW*AD_TC_COLS);          // [16][DK/4] the queries as int8, 4 per int
     float2  * qd_sh = (float2 *) (qi_sh + AD_TC_COLS*DK/4);     // [16][DK/32] per 32 values: d, d*sum(q)
-    const int kbuf = (AD_TC*p.rbk + 15)/16*16;
-    const int vbuf = (AD_TC*p.rbv + 15)/16*16;
+    const int kbuf = (AD_TC*p.rsk + 15)/16*16;
+    const int vbuf = (AD_TC*p.rsv + 15)/16*16;
     char    * k_sh0 = (char *) ad_smem + ((const char *) (qd_sh + AD_TC_COLS*NKB) - (const char *) ad_smem + 15)/16*16;
     char    * v_sh0 = k_sh0 + p.nbuf*kbuf;
     half    * vw_sh = (half *) (v_sh0 + p.nbuf*vbuf);           // [NW][16][VWS] the warps' f16 V rows
@@ -159,11 +163,12 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
 
     const char * kbase = p.k + h*p.k_nb2 + s*p.k_nb3;
     const char * vbase = p.v + h*p.v_nb2 + s*p.v_nb3;
+    const ad_rows_blk rw = ad_rows_block(p, kbase, vbase); // a staged row's bytes begin at +koff / +voff
 
     // everything above is index arithmetic: the kernel before may still be running (programmatic dependent launch)
     ggml_cuda_pdl_sync();
 
-    ad_stage_tile(p, k_sh0, v_sh0, kbase, vbase, c_begin, min(AD_TC, c_end - c_begin));
+    ad_stage_tile(p, rw, k_sh0, v_sh0, kbase, vbase, c_begin, min(AD_TC, c_end - c_begin));
     ad_commit();
 
     // the queries: int8 per 32 values into qi_sh / qd_sh (padded columns 0), the mask rows' offsets (ends with a barrier)
@@ -208,9 +213,9 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     for (int t0 = c_begin, it = 0; t0 < c_end; t0 += AD_TC, ++it) {
         const int  tn   = min(AD_TC, c_end - t0);
         const bool next = t0 + AD_TC < c_end;
-        const int  buf  = ad_tile_wait(p, k_sh0, v_sh0, kbuf, vbuf, kbase, vbase, t0, it, c_end, two);
-        const char * k_sh = k_sh0 + buf*kbuf;
-        const char * v_sh = v_sh0 + buf*vbuf;
+        const int  buf  = ad_tile_wait(p, rw, k_sh0, v_sh0, kbuf, vbuf, kbase, vbase, t0, it, c_end, two);
+        const char * k_sh = k_sh0 + buf*kbuf + rw.koff;
+        const char * v_sh = v_sh0 + buf*vbuf + rw.voff;
         __syncthreads();
 
         const int wc0 = 16*warp; // the warp's first cell in the tile
@@ -219,9 +224,9 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             float sc[2][4];
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                const char * krow = k_sh + min(wc0 + 8*j + g, tn - 1)*p.rbk;  // B's column g: cell 8j + g
-                const char * kr0  = k_sh + min(wc0 + 8*j + 2*t, tn - 1)*p.rbk; // the scales of cells 2t, 2t+1
-                const char * kr1  = k_sh + min(wc0 + 8*j + 2*t + 1, tn - 1)*p.rbk;
+                const char * krow = k_sh + min(wc0 + 8*j + g, tn - 1)*p.rsk;  // B's column g: cell 8j + g
+                const char * kr0  = k_sh + min(wc0 + 8*j + 2*t, tn - 1)*p.rsk; // the scales of cells 2t, 2t+1
+                const char * kr1  = k_sh + min(wc0 + 8*j + 2*t + 1, tn - 1)*p.rsk;
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     sc[j][e] = 0.0f;
@@ -295,7 +300,7 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             __syncwarp(); // the previous tile's ldmatrix reads of vw are done
 #pragma unroll
             for (int vb = 0; vb < DV/32; ++vb) {
-                ad_v_chunk_f16<type_v>(v_sh, p.rbv, wc0, tn, vw + 32*vb, vb, VWS);
+                ad_v_chunk_f16<type_v>(v_sh, p.rsv, wc0, tn, vw + 32*vb, vb, VWS);
             }
             __syncwarp();
 #pragma unroll
@@ -307,7 +312,7 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             }
         }
         __syncthreads(); // this tile's buffers are free
-        ad_tile_next(p, k_sh0, v_sh0, kbase, vbase, t0, c_end, two);
+        ad_tile_next(p, rw, k_sh0, v_sh0, kbase, vbase, t0, c_end, two);
     }
 
     ggml_cuda_pdl_lc();
@@ -369,5 +374,8 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     __syncthreads();
 
     ad_write_out(p, q_sh, m_sh, l_sh, col0, nc, h, s, z);
+    if (p.fold) {
+        ad_fold_combine(p, q_sh, col0, nc, h, s, tile); // q_sh and o_sh: attn_decode_fold_floats
+    }
 #endif // AD_VMMA_CODE
 }
