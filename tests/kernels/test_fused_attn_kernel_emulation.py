@@ -2,8 +2,9 @@
 tiles, int8 K*Q, two tile buffers and a parallel combine, the permuted and rotated output, host-planned staging, V*P
 on tensor cores) run on the CPU, verbatim.
 
-tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu and the part file it includes,
-attn-decode-vmma.cuh, and dequantize-x8.cuh: the files the build compiles, tests/support/kernel_sources.py), a CUDA
+tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu and the part files it includes,
+attn-decode-vmma.cuh, attn-decode-combine.cuh and dequantize-x8.cuh: the files the build compiles,
+tests/support/kernel_sources.py), a CUDA
 surface made of fibers (tests/fused_attn_emu/fibers.h): a block's 128 threads each a fiber of its own, __syncthreads() a
 barrier, a warp shuffle an exchange between two barriers of the warp's threads (so a shuffle that some lane of a warp
 does not reach is a deadlock, reported), shared memory a buffer of exactly the launch's size filled with NaN
@@ -48,8 +49,10 @@ def kernel_part(tmp: Path) -> dict[str, Path]:
     shared memory pointed at the harness's; its #include of the part file resolves next to it."""
     text = kernel_source("attn-decode-fused.cu")
     kern = for_emulation(cut(text, "#define AD_NT", "static bool attn_decode_type_supported"))
-    assert kern.count("g_smem") == 2, "the kernels' two extern __shared__ declarations"
+    combine = for_emulation(kernel_source("attn-decode-combine.cuh"))
+    assert kern.count("g_smem") + combine.count("g_smem") == 2, "the kernels' two extern __shared__ declarations"
     write_part(tmp, "attn-decode-vmma.cuh", kernel_source("attn-decode-vmma.cuh"))
+    write_part(tmp, "attn-decode-combine.cuh", combine)
     write_part(tmp, "attn-decode-tc.cuh", for_emulation(kernel_source("attn-decode-tc.cuh")))
     return {
         "KERNEL_INC": write_part(tmp, "kernel.inc", kern),
