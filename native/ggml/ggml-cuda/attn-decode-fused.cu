@@ -1146,10 +1146,22 @@ static void attn_decode_switch_v(const ggml_type type_v, const attn_decode_param
     }
 }
 
+// launches of the fused kernels: with both products on tensor cores, with the combine folded in, with K or V staged
+// as windows
 static std::atomic<int64_t> attn_decode_tc_count{0};
+static std::atomic<int64_t> attn_decode_fold_count{0};
+static std::atomic<int64_t> attn_decode_win_count{0};
 
 int64_t ggml_cuda_attn_decode_tc_runs() {
     return attn_decode_tc_count.load();
+}
+
+int64_t ggml_cuda_attn_decode_fold_runs() {
+    return attn_decode_fold_count.load();
+}
+
+int64_t ggml_cuda_attn_decode_window_runs() {
+    return attn_decode_win_count.load();
 }
 
 #ifndef GGML_USE_HIP
@@ -1352,6 +1364,8 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
         default: GGML_ABORT("fatal error");
     }
     CUDA_CHECK(cudaGetLastError());
+    attn_decode_fold_count += p.fold != nullptr;
+    attn_decode_win_count  += p.wk || p.wv;
 
     if (nsplit > 1 && !p.fold) {
         const dim3 grid_c((unsigned) p.ncols, (unsigned) p.n_head_kv, (unsigned) nstream);

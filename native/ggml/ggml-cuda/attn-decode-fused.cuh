@@ -38,5 +38,8 @@ bool ggml_cuda_attn_decode_fused_tail_supported(const ggml_tensor * kqv, const g
 bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_tensor * q, const ggml_tensor * kq,
         const ggml_tensor * softmax, ggml_tensor * kqv, int hadamard_n, ggml_tensor * out = nullptr, int out_rot = 0);
 
-// how many times k_attn_decode_tc (both products on tensor cores) ran in this process
+// how many times k_attn_decode_tc (both products on tensor cores) ran in this process; a fused kernel with the combine
+// folded in (ad_fold_combine); a fused kernel with K or V rows staged as 16-byte windows (attn_decode_rows)
 int64_t ggml_cuda_attn_decode_tc_runs();
+int64_t ggml_cuda_attn_decode_fold_runs();
+int64_t ggml_cuda_attn_decode_window_runs();

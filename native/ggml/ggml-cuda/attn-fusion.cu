@@ -262,7 +262,8 @@ bool ggml_cuda_match_attn_fusion(const ggml_cgraph * cgraph, const int i, ggml_c
 
 // how often the fused attention ran (plain, with the query rotation; of those, with the output's permute and copy, and
 // with V's inverse rotation; of all, with V*P on tensor cores) and the split's softmax with its V*P, and of the fused
-// attention's runs those with both products on tensor cores (k_attn_decode_tc); printed at exit
+// attention's runs those with both products on tensor cores (k_attn_decode_tc), with the combine folded in and with
+// rows staged as windows; printed at exit
 // with LLAMA_VQ_CUDA_FUSION_STATS=1
 static std::atomic<int64_t> ggml_cuda_attn_fusion_runs[6];
 
@@ -273,11 +274,11 @@ struct ggml_cuda_attn_fusion_stats {
             return;
         }
         fprintf(stderr, "llama-vq: attention fusions run: attn=%" PRId64 " rotated=%" PRId64 " tail=%" PRId64 " tail_rotated=%" PRId64
-                " mma=%" PRId64 " softmax_vp=%" PRId64 " tc=%" PRId64 "\n",
+                " mma=%" PRId64 " softmax_vp=%" PRId64 " tc=%" PRId64 " fold=%" PRId64 " win=%" PRId64 "\n",
                 ggml_cuda_attn_fusion_runs[0].load(), ggml_cuda_attn_fusion_runs[1].load(),
                 ggml_cuda_attn_fusion_runs[2].load(), ggml_cuda_attn_fusion_runs[3].load(),
                 ggml_cuda_attn_fusion_runs[4].load(), ggml_cuda_attn_fusion_runs[5].load(),
-                ggml_cuda_attn_decode_tc_runs());
+                ggml_cuda_attn_decode_tc_runs(), ggml_cuda_attn_decode_fold_runs(), ggml_cuda_attn_decode_window_runs());
     }
 };
 static ggml_cuda_attn_fusion_stats ggml_cuda_attn_fusion_stats_at_exit;
