@@ -11,7 +11,7 @@
 Cost: the wheel reuses the suite's build directory (packaging only); the sdist install compiles the libraries
 again in pip's temporary build tree with the set-up build's compile flags (same backend, backends as modules, options
 for the libraries; the host's CPU module of the set-up's four), so every compile is a ccache hit (CCACHE_BASEDIR makes
-paths relative) but libllama's 10 unity sources, whose text CMake writes with absolute paths; the rest of the cost is
+paths relative, and the unity batches include their files by relative paths: cmake/llama_vq_unity.cmake); the cost is
 CMake's configure, the links and pip's downloads of build requirements when its cache is cold. The two
 installs run at once (fixture `installs`): the wheel's is mostly pip resolving dependencies against the index, the
 sdist's mostly the compile.
