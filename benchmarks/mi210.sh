@@ -158,6 +158,8 @@ if [[ $steps == *" 2 "* ]]; then
     # single-token decode), then the same graphs as separate ops
     tbo attn-fused LLAMA_VQ_CUDA_FUSED_ATTN=1 -- -o ATTN_DECODE_FUSED
     ran attn-fused attn
+    ran attn-fused fold  # the combine folded into the kernel (few splits)
+    ran attn-fused win   # K or V rows staged as 16-byte windows (rows not a multiple of 16 bytes)
     tbo attn-separate LLAMA_VQ_CUDA_FUSED_ATTN=0 -- -o ATTN_DECODE_FUSED
     for op in CPY SET_ROWS; do tbo "$op" -- -o "$op"; done
 fi
