@@ -29,7 +29,8 @@
 #                    chain fused and the forms counted (tc=: both products on tensor cores), then llama-bench tg64 at
 #                    depth (MiMo shape q8_0/q4_1 at DEPTHS_MIMO 0,32768,65536; 8B shape q4_0/q4_0 at DEPTHS_8B
 #                    0,32768): ours in prefill mode (the default rule; on MiMo also the tensor-core form everywhere,
-#                    TC=1, and never, TC=0) and flash attention on f16; then the kernels of a decode under ncu (NO_NCU=1 skips). Effective
+#                    TC=1, and never, TC=0) and flash attention on f16; then the full-attention layers' kernels of a
+#                    decode at 64K under ncu, with the stall reasons by SASS line (NO_NCU=1 skips). Effective
 #                    bandwidth = the step time the depth adds over the K/V bytes read (benchmarks/decode_bandwidth.py,
 #                    against PEAK_TBS, 3.35 for an H100). Needs CUDA_FA=ON
 #   decode-kernels   the GPU time of a decoded token kernel by kernel (ncu, benchmarks/kernel_times.py) on the MiMo
@@ -242,11 +243,16 @@ for l in sys.stdin:
     tg mimo "$dm" prefill q8_0 q4_1 default; tg mimo "$dm" prefill q8_0 q4_1 1; tg mimo "$dm" prefill q8_0 q4_1 0
     tg mimo "$dm" on f16 f16 default
     if command -v ncu > /dev/null && [ -z "${NO_NCU:-}" ]; then
-        timeout 150 ncu --clock-control none -k regex:k_attn_decode --launch-count "${NCU_KERNELS:-16}" \
-            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-            --section InstructionStats --section SchedulerStats --section MemoryWorkloadAnalysis "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill -ctk q8_0 -ctv q4_1 -p 0 -n 2 -d 65536 -r 1 \
-            > "$OUT/ncu.txt" 2>&1
-        grep -E "k_attn_decode|Duration|DRAM Throughput|Achieved Occupancy|SM Active Cycles|Warp Cycles Per" \
+        # the decode steps at 64K: llama-bench's warm-up decodes at depth 0, where the default rule never picks
+        # k_attn_decode_tc (>= 8,192 cells) and the splits are few enough to fold their combine, so these two names
+        # catch only the deep steps' full-attention layers (the first form's sliding-window launches are skipped);
+        # the source counters give the stall reasons by SASS line
+        timeout 150 ncu --clock-control none -k regex:"k_attn_decode_tc|k_attn_decode_combine" \
+            --launch-count "${NCU_KERNELS:-4}" --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section WarpStateStats --section InstructionStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+            --section SourceCounters "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill -ctk q8_0 \
+            -ctv q4_1 -p 0 -n 2 -d 65536 -r 1 > "$OUT/ncu.txt" 2>&1
+        grep -E "k_attn_decode|Duration|DRAM Throughput|Achieved Occupancy|SM Active Cycles|Warp Cycles Per|Issued Ipc" \
             "$OUT/ncu.txt" | head -60
         grep -E "Executed Instructions |Stall|stalled|No Eligible" "$OUT/ncu.txt" | head -30
     fi
