@@ -4,9 +4,11 @@
 # products in /tmp (BUILD, MODEL_DIR).
 #
 # Here, once (the vendored tree must be there: scripts/run.sh setup):
-#   bash benchmarks/gpu.sh carry [--python] [--wheels]   # .gpu-carry (git-ignored): the patched tree, gguf-py and a
+#   bash benchmarks/gpu.sh carry [--python] [--wheels] [--ab REV]
+#                                                        # .gpu-carry (git-ignored): the patched tree, gguf-py and a
 #                                                        # vocab (~30 MB); --python adds the server's Python (~25 MB),
-#                                                        # --wheels a wheelhouse (benchmarks/gpu_carry.py says more)
+#                                                        # --wheels a wheelhouse, --ab our CUDA sources at REV for
+#                                                        # decode-ab (benchmarks/gpu_carry.py says more)
 # There, with .gpu-carry carried beside the working tree:
 #   OUT=<dir> bash benchmarks/gpu.sh MEASUREMENT
 #
@@ -33,6 +35,12 @@
 #                    decode at 64K under ncu, with the stall reasons by SASS line (NO_NCU=1 skips). Effective
 #                    bandwidth = the step time the depth adds over the K/V bytes read (benchmarks/decode_bandwidth.py,
 #                    against PEAK_TBS, 3.35 for an H100). Needs CUDA_FA=ON
+#   decode-ab        two versions of the fused decode attention side by side in one call: this checkout's (the carried
+#                    tree, as built) and the CUDA sources `carry --ab REV` stored, swapped into the tree and rebuilt in
+#                    the same build folder (only they recompile: ~2 min a swap), in turn (old, new; AB_ROUNDS 1):
+#                    tg64 of the MiMo shape (q8_0/q4_1, prefill mode, DEPTHS_MIMO) and of the 8B shape (q4_0/q4_0,
+#                    DEPTHS_8B; SHAPES "mimo llama8b"), then the effective bandwidth of each; the tree and the build
+#                    are left with this checkout's sources
 #   decode-kernels   the GPU time of a decoded token kernel by kernel (ncu, benchmarks/kernel_times.py) on the MiMo
 #                    shape at DEPTH (1024): ours, flash attention on the same types and on f16
 #   attention-choice -fa auto by measurement (llama_vq.tune_attn) on the MiMo shape, q8_0/q4_1, with NVIDIA's and
@@ -63,7 +71,7 @@
 # Env: CARRY (.gpu-carry), BUILD (/tmp/gpu-build), MODEL_DIR (/tmp/models), REPS (2), WHEEL_PY (python3).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|rebuild|op-tests|attention-modes|decode-bandwidth|decode-kernels|attention-choice|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
+measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|rebuild|op-tests|attention-modes|decode-bandwidth|decode-ab|decode-kernels|attention-choice|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
 shift
 C=${CARRY:-$here/.gpu-carry}
 if [ "$measurement" = carry ]; then
@@ -259,6 +267,54 @@ for l in sys.stdin:
     d8=${DEPTHS_8B:-0,32768}
     tg llama8b "$d8" prefill q4_0 q4_0 default; tg llama8b "$d8" on f16 f16 default
     python3 "$here/benchmarks/decode_bandwidth.py" "$OUT/decode.jsonl" --peak-tbs "${PEAK_TBS:-3.35}" \
+        | tee -a "$OUT/$measurement.txt"
+    ;;
+decode-ab)
+    need_build
+    ab=$C/ab
+    [ -f "$ab/REV" ] || { log "no $ab (bash benchmarks/gpu.sh carry --ab REV, here)"; exit 1; }
+    cuda=$C/llama.cpp/ggml/src/ggml-cuda
+    files=$(cd "$ab" && ls -- *.cu *.cuh 2>/dev/null)
+    # this checkout's sources, kept aside (each call brings them anew with the carry)
+    mkdir -p "$B/ab-new"
+    for f in $files; do cmp -s "$cuda/$f" "$ab/$f" || cp "$cuda/$f" "$B/ab-new/$f"; done
+    # use SIDE: the tree's CUDA sources as SIDE (new: this checkout's, old: REV's; a file is copied only where it
+    # differs) and the build brought up to date, always (ninja does nothing where it is); a failed build puts this
+    # checkout's sources back and leaves the build to `rebuild`
+    use() {
+        local from="$B/ab-new" f
+        [ "$1" = old ] && from=$ab
+        for f in $files; do cmp -s "$from/$f" "$cuda/$f" || cp "$from/$f" "$cuda/$f"; done
+        log "building $1 ($([ "$1" = old ] && tr -d '\n' < "$ab/REV" || echo this checkout)): $(echo $files)"
+        if ! cmake --build "$B" -j "$(nproc)" --target ggml-cuda llama-bench > "$B-ab.log" 2>&1; then
+            log "build of $1 failed"; tail -20 "$B-ab.log"
+            for f in $files; do cp "$B/ab-new/$f" "$cuda/$f"; done
+            rm -f "$B/.done"
+            exit 1
+        fi
+    }
+    abtg() { # SIDE ROUND MODEL DEPTHS CTK CTV
+        model "$3"
+        "$bin/llama-bench" -m "$M/synth-$3.gguf" -ngl 99 -fa prefill -ctk "$5" -ctv "$6" -p 0 -n 64 -d "$4" \
+            -r "${REPS:-2}" -o jsonl 2>/dev/null | python3 -c "import json,sys
+for l in sys.stdin:
+    r=json.loads(l); r.update(model='$3', config='$1')
+    print(json.dumps(r), file=open('$OUT/ab.jsonl', 'a'))
+    print('tg64 $3 $5/$6 $1 (round $2) depth', r['n_depth'], round(r['avg_ts'],2), '+-', round(r['stddev_ts'],2))" \
+            | tee -a "$OUT/$measurement.txt"
+    }
+    for round in $(seq "${AB_ROUNDS:-1}"); do
+        for sd in old new; do
+            use "$sd"
+            for shape in ${SHAPES:-mimo llama8b}; do
+                case "$shape" in
+                    mimo) abtg "$sd" "$round" mimo "${DEPTHS_MIMO:-0,32768,65536}" q8_0 q4_1 ;;
+                    llama8b) abtg "$sd" "$round" llama8b "${DEPTHS_8B:-0,32768}" q4_0 q4_0 ;;
+                esac
+            done
+        done
+    done
+    python3 "$here/benchmarks/decode_bandwidth.py" "$OUT/ab.jsonl" --peak-tbs "${PEAK_TBS:-3.35}" \
         | tee -a "$OUT/$measurement.txt"
     ;;
 decode-kernels)

@@ -14,6 +14,9 @@ DEST/vocab.gguf    tokenizer metadata only (SmolLM2's), for the synthetic models
 DEST/py.tar.xz     --python: a relocatable Python for llama-vq-server (~25 MB): the running interpreter (its binary,
                    libpython when shared, the standard library without tests/IDLE/Tk) and the server's run-time
                    packages from this interpreter's site-packages. Run it with the .venv's Python so the ABI matches.
+DEST/ab            --ab REV: our CUDA sources (native/ggml/ggml-cuda) as they were at the git revision REV, those
+                   that differ from the checkout's only, and REV's name in DEST/ab/REV, for gpu.sh's decode-ab
+                   (the two versions' decode side by side in one call; the rest of the tree must be the same)
 DEST/wheelhouse    --wheels: binary wheels, for CPython of --python-version on manylinux x86-64, of
                    scripts/wheels.sh's build tools and llama-vq's run-time dependencies, numpy excepted (the GPU
                    machine's Python has it; ~15 MB), for gpu.sh's wheels-* measurements
@@ -203,6 +206,42 @@ def wheelhouse(dest: Path, version: str) -> None:
         raise SystemExit(f"gpu_carry.py: {stray} came in as a dependency; the carry would not fit")
 
 
+CUDA_SRC = "native/ggml/ggml-cuda"
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout
+
+
+def ab_sources(dest: Path, rev: str) -> list[str]:
+    """DEST/ab: the files of native/ggml/ggml-cuda at rev that differ from the checkout's (gpu.sh decode-ab swaps
+    them into the carried tree). Refuses where anything else that ggml's build compiles differs: the patches, our
+    other ggml sources or CMake files, since swapping the CUDA files alone would then build neither version."""
+    name = git("rev-parse", "--short", rev).strip()
+    other = git("diff", "--name-only", rev, "--", "patches", "native/ggml", "CMakeLists.txt", "cmake").split()
+    other = [f for f in other if not f.startswith(CUDA_SRC + "/")]
+    if other:
+        raise SystemExit(f"gpu_carry.py: --ab {rev}: more than our CUDA sources differ: {', '.join(other)}")
+    at_rev = set(git("ls-tree", "--name-only", rev, CUDA_SRC + "/").split())
+    now = {f"{CUDA_SRC}/{p.name}" for p in (REPO / CUDA_SRC).iterdir() if p.is_file()}
+    if at_rev != now:
+        raise SystemExit(f"gpu_carry.py: --ab {rev}: files added or removed since: {sorted(at_rev ^ now)}")
+    ab = dest / "ab"
+    if ab.exists():
+        shutil.rmtree(ab)
+    ab.mkdir()
+    changed = []
+    for f in sorted(at_rev):
+        old = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{f}"], check=True, capture_output=True).stdout
+        if old != (REPO / f).read_bytes():
+            (ab / Path(f).name).write_bytes(old)
+            changed.append(Path(f).name)
+    if not changed:
+        raise SystemExit(f"gpu_carry.py: --ab {rev}: our CUDA sources are the same as the checkout's")
+    (ab / "REV").write_text(name + "\n")
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dest", type=Path, nargs="?", default=REPO / ".gpu-carry")
@@ -210,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", action="store_true", help="also DEST/py.tar.xz, the server's Python")
     ap.add_argument("--wheels", action="store_true", help="also DEST/wheelhouse, for the wheels-* measurements")
     ap.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for --wheels (default 3.12)")
+    ap.add_argument("--ab", metavar="REV", help="also DEST/ab: our CUDA sources at git revision REV (gpu.sh decode-ab)")
     a = ap.parse_args(argv)
     dest = a.dest.resolve()
     dest.mkdir(parents=True, exist_ok=True)
@@ -218,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         pack_python(dest / "py.tar.xz", Path(sysconfig.get_paths()["purelib"]))
     if a.wheels:
         wheelhouse(dest / "wheelhouse", a.python_version)
+    if a.ab:
+        print(f"{dest / 'ab'}: {', '.join(ab_sources(dest, a.ab))} as at {a.ab}")
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     print(f"{dest}: {size / 2**20:.1f} MiB")
     return 0

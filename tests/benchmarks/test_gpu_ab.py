@@ -1,0 +1,151 @@
+"""The A/B of two versions of our CUDA sources in one GPU call: `gpu_carry.py --ab REV` (which files it stores and
+what it refuses) and `gpu.sh decode-ab`'s swaps, exercised here with stand-ins for the GPU machine's tools (cmake's
+build, nvidia-smi, llama-bench), so that the first run on a lent GPU, whose minutes are few, does not fail on a
+slip: the old sources swapped in and built, both versions measured, the tree left with this checkout's sources, and
+a failed build leaving them there too. The measurement itself needs a GPU (benchmarks/RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_carry  # noqa: E402
+
+CUDA = "native/ggml/ggml-cuda"
+
+
+def _git(repo: Path, *args: str) -> str:
+    who = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = dict(os.environ, **who)
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git checkout shaped like ours: two CUDA sources and a patch, committed once (tag `old`)."""
+    r = tmp_path / "repo"
+    (r / CUDA).mkdir(parents=True)
+    (r / "patches").mkdir()
+    (r / CUDA / "a.cu").write_text("old a\n")
+    (r / CUDA / "b.cuh").write_text("same b\n")
+    (r / "patches" / "fixture.patch").write_text("p\n")
+    _git(r, "init", "-q")
+    _git(r, "add", ".")
+    _git(r, "commit", "-qm", "old")
+    _git(r, "tag", "old")
+    monkeypatch.setattr(gpu_carry, "REPO", r)
+    return r
+
+
+def test_ab_stores_the_changed_sources_at_the_revision(repo, tmp_path):
+    (repo / CUDA / "a.cu").write_text("new a\n")
+    dest = tmp_path / "carry"
+    dest.mkdir()
+    assert gpu_carry.ab_sources(dest, "old") == ["a.cu"]
+    assert (dest / "ab" / "a.cu").read_text() == "old a\n"
+    assert not (dest / "ab" / "b.cuh").exists()
+    assert (dest / "ab" / "REV").read_text().strip() == _git(repo, "rev-parse", "--short", "old").strip()
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: None, "the same as the checkout's"),
+        (lambda r: (r / "patches" / "fixture.patch").write_text("q\n"), "more than our CUDA sources differ"),
+        (lambda r: (r / CUDA / "c.cu").write_text("c\n"), "files added or removed"),
+    ],
+)
+def test_ab_refuses_what_a_swap_of_the_cuda_sources_cannot_build(repo, tmp_path, change, says):
+    change(repo)
+    dest = tmp_path / "carry"
+    dest.mkdir()
+    with pytest.raises(SystemExit, match=says):
+        gpu_carry.ab_sources(dest, "old")
+
+
+def _stand_ins(tmp_path: Path, build_fails: bool) -> tuple[Path, Path]:
+    """A tools folder for PATH (cmake, nvidia-smi) and a build folder with a llama-bench writing llama-bench's jsonl
+    rows (tok/s falling with the depth)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "cmake").write_text(f"#!/bin/sh\nexit {1 if build_fails else 0}\n")
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'stand-in GPU'\n")
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    (build / ".done").touch()
+    bench = build / "bin" / "llama-bench"
+    bench.write_text(
+        "#!/usr/bin/env python3\n"
+        "import json, sys\n"
+        "a = sys.argv\n"
+        "get = lambda k: a[a.index(k) + 1]\n"
+        "for d in get('-d').split(','):\n"
+        "    print(json.dumps({'n_gen': 64, 'n_depth': int(d), 'avg_ts': 200 - int(d) / 1000, 'stddev_ts': 1.0,\n"
+        "                      'type_k': get('-ctk'), 'type_v': get('-ctv')}))\n"
+    )
+    for f in (tools / "cmake", tools / "nvidia-smi", bench):
+        f.chmod(0o755)
+    return tools, build
+
+
+def _carry(tmp_path: Path) -> Path:
+    """A carry with a tree holding this checkout's version of one CUDA source and REV's in ab/."""
+    c = tmp_path / "carry"
+    cuda = c / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
+    cuda.mkdir(parents=True)
+    (cuda / "attn-decode-fused.cu").write_text("new\n")
+    (c / "ab").mkdir()
+    (c / "ab" / "attn-decode-fused.cu").write_text("old\n")
+    (c / "ab" / "REV").write_text("abc1234\n")
+    return c
+
+
+def _decode_ab(tmp_path: Path, build_fails: bool) -> subprocess.CompletedProcess:
+    tools, build = _stand_ins(tmp_path, build_fails)
+    models = tmp_path / "models"
+    models.mkdir()
+    for m in ("mimo", "llama8b"):
+        (models / f"synth-{m}.gguf").touch()
+    env = dict(
+        os.environ,
+        PATH=f"{tools}:{os.environ['PATH']}",
+        CARRY=str(_carry(tmp_path)),
+        BUILD=str(build),
+        MODEL_DIR=str(models),
+        OUT=str(tmp_path / "out"),
+    )
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "decode-ab"], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_decode_ab_measures_both_versions_and_leaves_this_checkouts_sources(tmp_path):
+    r = _decode_ab(tmp_path, build_fails=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(x) for x in (tmp_path / "out" / "ab.jsonl").read_text().splitlines()]
+    assert [(x["config"], x["model"], x["n_depth"]) for x in rows] == [
+        (side, model, d)
+        for side in ("old", "new")
+        for model, depths in (("mimo", (0, 32768, 65536)), ("llama8b", (0, 32768)))
+        for d in depths
+    ]
+    assert "building old (abc1234)" in r.stdout and "building new (this checkout)" in r.stdout
+    assert "effective bandwidth" in r.stdout
+    cuda = tmp_path / "carry" / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
+    assert (cuda / "attn-decode-fused.cu").read_text() == "new\n"
+
+
+def test_decode_ab_puts_this_checkouts_sources_back_when_a_build_fails(tmp_path):
+    r = _decode_ab(tmp_path, build_fails=True)
+    assert r.returncode == 1
+    assert "build of old failed" in r.stdout
+    cuda = tmp_path / "carry" / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
+    assert (cuda / "attn-decode-fused.cu").read_text() == "new\n"
+    assert not (tmp_path / "build" / ".done").exists(), "the build folder is left for `gpu.sh rebuild`"
