@@ -49,24 +49,36 @@
 // the tensor-core V*P: its layout constants, the two instructions and the phase's device functions
 #include "attn-decode-vmma.cuh"
 
-// how the threads walk the staging units of a tile (rows of upr units of `unit` bytes, rs bytes apart in shared
-// memory): unit i = threadIdx.x + k*AD_NT is byte o*unit of row r = i/upr, (r, o) stepped by (dr, dox); planned once
-// (attn_decode_stage_geo, on the host; for windows one per offset), so that the tiles divide nothing (three integer
-// divisions per call, two calls per tile otherwise); the thread's first row is (threadIdx.x*mg) >> 16 with
-// mg = ceil(2^16/upr), exact for threadIdx.x < AD_NT and upr < 2^9
+// how the threads walk the staging units of a tile (rows of upr units of `unit` bytes, nb bytes apart in global memory
+// and rs in shared memory): unit i = threadIdx.x + k*AD_NT is byte o*unit of row r = i/upr; a thread's next unit lies
+// dgo / dso bytes on (AD_NT units: dr = AD_NT/upr rows and dox = AD_NT%upr units), and wgo / wso more where o passes
+// upr (dox < upr: at most once a step). Planned once (attn_decode_stage_geo, on the host; for windows one per offset),
+// so that a tile's walk divides and multiplies nothing and its steps are kernel parameters (ptxas reloads them where
+// registers are short rather than spilling); the thread's first row is (threadIdx.x*mg) >> 16 with mg = ceil(2^16/upr),
+// exact for threadIdx.x < AD_NT and upr < 2^9. Offsets are 32-bit: a tile's rows lie within AD_TC*nb bytes, below
+// 2^31 (ggml_cuda_attn_decode_fused_supported).
 struct ad_stage_geo {
-    int unit, rs, upr, dr, dox, mg;
+    int      unit, rs, nb, upr, dox, mg;
+    unsigned dgo, wgo; // modulo 2^32: the offsets of the units a tile has are below 2^31
+    int      dso, wso;
 };
 
-// the walk of rows of `bytes` bytes (a multiple of unit) in units of `unit`, rs bytes apart in shared memory
-static ad_stage_geo attn_decode_stage_geo(const int bytes, const int unit, const int rs) {
+// the walk of rows of `bytes` bytes (a multiple of unit) in units of `unit`, nb bytes apart in global memory and rs in
+// shared memory
+static ad_stage_geo attn_decode_stage_geo(const int bytes, const int unit, const int64_t nb, const int rs) {
     ad_stage_geo g;
     g.unit = unit;
     g.rs   = rs;
+    g.nb   = (int) std::min<int64_t>(nb, INT32_MAX/AD_TC); // larger strides are not fused (never used)
     g.upr  = bytes/unit;
-    g.dr   = AD_NT/g.upr;
-    g.dox  = AD_NT - g.dr*g.upr;
+    const int dr = AD_NT/g.upr;
+    g.dox  = AD_NT - dr*g.upr;
     g.mg   = (65536 + g.upr - 1)/g.upr;
+    // a step past a tile's last row (dr*nb up to 2^32 for 1-unit rows) is never used for an address: truncated
+    g.dgo  = (unsigned) ((int64_t) dr*g.nb + g.dox*unit);
+    g.dso  = dr*rs   + g.dox*unit;
+    g.wgo  = (unsigned) (g.nb - g.upr*unit);
+    g.wso  = rs   - g.upr*unit;
     return g;
 }
 
@@ -109,74 +121,87 @@ static __device__ __forceinline__ float attn_decode_mask_value(const char * row,
     }
 }
 
-// copy rows [0, tn) of g.upr units of g.unit bytes each (global: src + r*nb; shared: dst + r*g.rs), all threads of
+// a thread's walk over the staging units of a tile (ad_stage_geo): the current unit's offsets from the tile's first
+// row in global (go) and shared memory (so) and its index in its row (o)
+struct ad_walk {
+    unsigned go;
+    int      so, o;
+
+    __device__ __forceinline__ explicit ad_walk(const ad_stage_geo & g) {
+        const int r = (int) ((threadIdx.x*(unsigned) g.mg) >> 16);
+        o  = threadIdx.x - r*g.upr;
+        go = (unsigned) r*(unsigned) g.nb + (unsigned) (o*g.unit);
+        so = r*g.rs + o*g.unit;
+    }
+    __device__ __forceinline__ void step(const ad_stage_geo & g) {
+        go += g.dgo;
+        so += g.dso;
+        o  += g.dox;
+        if (o >= g.upr) {
+            o  -= g.upr;
+            go += g.wgo;
+            so += g.wso;
+        }
+    }
+};
+
+// copy rows [0, tn) of g.upr units of g.unit bytes each (global: src + r*g.nb; shared: dst + r*g.rs), all threads of
 // the block; with cp.async the copies are only issued (ad_commit + ad_wait complete them), else done on return
-static __device__ __forceinline__ void ad_stage(char * dst, const char * src, const int64_t nb, const ad_stage_geo & g,
-        const int tn) {
+static __device__ __forceinline__ void ad_stage(char * dst, const char * src, const ad_stage_geo & g, const int tn) {
     const int unit = g.unit;
-    const int rb   = g.rs;
-    const int upr  = g.upr;
-    const int n    = tn*upr;
-    const int dr   = g.dr;
-    const int dox  = g.dox;
-    int r = (int) ((threadIdx.x*(unsigned) g.mg) >> 16);
-    int o = threadIdx.x - r*upr;
+    const int n    = tn*g.upr;
+    ad_walk   w(g);
 #ifdef CP_ASYNC_AVAILABLE
     const unsigned int dsts = ggml_cuda_cvta_generic_to_shared(dst);
+    if (unit == 16) {
+        // the common case (16-byte rows, or windows): one form of copy, no branch per unit
+        for (int i = threadIdx.x; i < n; i += AD_NT) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(dsts + w.so), "l"(src + w.go));
+            w.step(g);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n; i += AD_NT) {
-        const unsigned int d = dsts + r*rb + o*unit;
-        const char       * g = src + r*nb + o*unit;
-        if (unit == 16) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(d), "l"(g));
-        } else if (unit == 8) {
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" : : "r"(d), "l"(g));
+        const unsigned int d  = dsts + w.so;
+        const char       * gp = src + w.go;
+        if (unit == 8) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" : : "r"(d), "l"(gp));
         } else if (unit == 4) {
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(d), "l"(g));
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(d), "l"(gp));
         } else {
             // 2-byte units (rows of an odd number of q4_0 blocks): plain copies
-            *(unsigned short *) (dst + r*rb + o*unit) = *(const unsigned short *) g;
+            *(unsigned short *) (dst + w.so) = *(const unsigned short *) gp;
         }
-        r += dr;
-        o += dox;
-        if (o >= upr) {
-            o -= upr;
-            ++r;
-        }
+        w.step(g);
     }
 #else
     // plain loads, 4 per thread in flight (no barrier or shuffle inside: uniform trip counts not needed)
     constexpr int NU = 4;
     for (int i0 = 0; i0 < n; i0 += NU*AD_NT) {
         int4 buf[NU];
-        int  ro[NU][2];
+        int  so[NU];
 #pragma unroll
         for (int u = 0; u < NU; ++u) {
-            ro[u][0] = r;
-            ro[u][1] = o*unit;
+            so[u] = w.so;
             if (i0 + u*AD_NT + (int) threadIdx.x < n) {
-                const char * g = src + r*nb + o*unit;
+                const char * gp = src + w.go;
                 if (unit == 16) {
-                    buf[u] = *(const int4 *) g;
+                    buf[u] = *(const int4 *) gp;
                 } else if (unit == 8) {
-                    const int2 t = *(const int2 *) g;
+                    const int2 t = *(const int2 *) gp;
                     buf[u].x = t.x; buf[u].y = t.y;
                 } else if (unit == 4) {
-                    buf[u].x = *(const int *) g;
+                    buf[u].x = *(const int *) gp;
                 } else {
-                    buf[u].x = *(const unsigned short *) g;
+                    buf[u].x = *(const unsigned short *) gp;
                 }
             }
-            r += dr;
-            o += dox;
-            if (o >= upr) {
-                o -= upr;
-                ++r;
-            }
+            w.step(g);
         }
 #pragma unroll
         for (int u = 0; u < NU; ++u) {
             if (i0 + u*AD_NT + (int) threadIdx.x < n) {
-                char * d = dst + ro[u][0]*rb + ro[u][1];
+                char * d = dst + so[u];
                 if (unit == 16) {
                     *(int4 *) d = buf[u];
                 } else if (unit == 8) {
@@ -237,8 +262,8 @@ static __device__ __forceinline__ ad_rows_blk ad_rows_block(const attn_decode_pa
 // the K and V rows of cells [t0, t0 + tn) into a tile buffer (k_sh, v_sh), all threads of the block, as ad_stage
 static __device__ __forceinline__ void ad_stage_tile(const attn_decode_params & p, const ad_rows_blk & rw, char * k_sh,
         char * v_sh, const char * kbase, const char * vbase, const int t0, const int tn) {
-    ad_stage(k_sh, kbase + (int64_t) t0*p.k_nb1, p.k_nb1, p.gk[rw.koff >> 1], tn);
-    ad_stage(v_sh, vbase + (int64_t) t0*p.v_nb1, p.v_nb1, p.gv[rw.voff >> 1], tn);
+    ad_stage(k_sh, kbase + (int64_t) t0*p.k_nb1, p.gk[rw.koff >> 1], tn);
+    ad_stage(v_sh, vbase + (int64_t) t0*p.v_nb1, p.gv[rw.voff >> 1], tn);
 }
 
 // the top of the tile at cell t0 (the it-th of a split ending at c_end; buffers kbuf / vbuf bytes apart): with two
@@ -445,7 +470,8 @@ static __device__ __forceinline__ void ad_softmax_tile(float * s_sh, const int s
     }
     sum = warp_reduce_sum<G>(sum);
     if (bowner && lb == 0) {
-        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        // exactly 1 where the max stayed (ad_vp_mma then skips the rescale); 0 from -INF (nothing accumulated yet)
+        const float alpha = m_new > m_old ? expf(m_old - m_new) : 1.0f;
         a_sh[cb] = alpha;
         l_sh[cb] = l_sh[cb]*alpha + sum;
         m_sh[cb] = m_new;
@@ -818,7 +844,7 @@ static void attn_decode_rows(const int rb, const uintptr_t base, const int64_t n
     win  = unit < 16 && nb1 % 16 == 0 && base % 2 == 0 && nb2 % 2 == 0 && nb3 % 2 == 0; // even offsets
     rs   = rb;
     for (int i = 0; i < 8; ++i) {
-        g[i] = attn_decode_stage_geo(rb, unit, rb);
+        g[i] = attn_decode_stage_geo(rb, unit, nb1, rb);
     }
     if (win) {
         // the blocks' first rows lie at base + h*nb2 + s*nb3: their offsets in 16 bytes are base % a + multiples of a
@@ -830,7 +856,7 @@ static void attn_decode_rows(const int rb, const uintptr_t base, const int64_t n
         rs = (maxoff + rb + 15)/16*16;
         rs += (rs/16) % 2 == 0 ? 16 : 0;
         for (int i = 0; i < 8; ++i) { // the walk of a block whose rows lie at offset 2i in 16 bytes
-            g[i] = attn_decode_stage_geo((2*i + rb + 15)/16*16, 16, rs);
+            g[i] = attn_decode_stage_geo((2*i + rb + 15)/16*16, 16, nb1, rs);
         }
     }
 }
@@ -1012,6 +1038,10 @@ bool ggml_cuda_attn_decode_fused_supported(const ggml_tensor * kq, const ggml_te
         return false;
     }
     if (k->nb[0] != ggml_type_size(k->type) || v->nb[0] != ggml_type_size(v->type) || q->nb[0] != sizeof(float)) {
+        return false;
+    }
+    // a tile's rows within 2^31 bytes (ad_walk's 32-bit offsets)
+    if (k->nb[1] > INT32_MAX/AD_TC || v->nb[1] > INT32_MAX/AD_TC) {
         return false;
     }
     if (q->ne[0] != dk || v->ne[1] != n_kv || v->ne[2] != nkvh || v->ne[3] != nstream || q->ne[3] != nstream ||

@@ -69,19 +69,36 @@ static __device__ __forceinline__ float ad_tc_kq_scale(const int si, const float
 }
 
 // the mask values of the lane's scores in the tile at cell t0 (rows g, g+8; the warp's cells wc0 + 8j + 2t (+1)),
-// 0 past tn or without a mask: loaded a tile ahead, so that their latency hides under a tile's work
+// 0 past tn or without a mask: loaded a tile ahead, so that their latency hides under a tile's work. The two cells of
+// a row are adjacent and t0 + wc0 + 8j + 2t is even (the splits are whole tiles), so where the rows are aligned
+// (pair) each pair is one load.
 static __device__ __forceinline__ void ad_tc_mask(float (*mv)[4], const char * mrow0, const char * mrow1, const bool mf16,
-        const int t0, const int wc0, const int t, const int tn) {
+        const bool pair, const int t0, const int wc0, const int t, const int tn) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int c = wc0 + 8*j + 2*t + (e & 1);
-            const char * mr = e < 2 ? mrow0 : mrow1;
-            mv[j][e] = 0.0f;
-            if (mr && c < tn) {
-                mv[j][e] = mf16 ? __half2float(((const half *) mr)[t0 + c]) : ((const float *) mr)[t0 + c];
+        for (int hr = 0; hr < 2; ++hr) {
+            const char * mr = hr == 0 ? mrow0 : mrow1;
+            const int    c  = wc0 + 8*j + 2*t;
+            float2 v = make_float2(0.0f, 0.0f);
+            if (mr && pair && c + 1 < tn) {
+                v = mf16 ? __half22float2(*(const half2 *) ((const half *) mr + t0 + c)) :
+                           *(const float2 *) ((const float *) mr + t0 + c);
+            } else if (mr) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (c + e < tn) {
+                        const float x = mf16 ? __half2float(((const half *) mr)[t0 + c + e]) : ((const float *) mr)[t0 + c + e];
+                        if (e == 0) {
+                            v.x = x;
+                        } else {
+                            v.y = x;
+                        }
+                    }
+                }
             }
+            mv[j][2*hr + 0] = v.x;
+            mv[j][2*hr + 1] = v.y;
         }
     }
 }
@@ -190,8 +207,10 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     const char * mrow0 = p.mask ? p.mask + moff[min(g, nc - 1)]     : nullptr;
     const char * mrow1 = p.mask ? p.mask + moff[min(g + 8, nc - 1)] : nullptr;
     const bool   mf16  = p.mask_f16;
+    // both rows aligned for pairs of values (ad_tc_mask)
+    const bool   mpair = ((uintptr_t) mrow0 | (uintptr_t) mrow1) % (mf16 ? 4 : 8) == 0;
     float mv[2][4]; // the mask values of the lane's scores in the current tile (ad_tc_mask), the next tile's loaded early
-    ad_tc_mask(mv, mrow0, mrow1, mf16, c_begin, 16*warp, t, min(AD_TC, c_end - c_begin));
+    ad_tc_mask(mv, mrow0, mrow1, mf16, mpair, c_begin, 16*warp, t, min(AD_TC, c_end - c_begin));
     __syncthreads(); // q_sh (the f32 queries) is vw's memory from here on
 
     float m_run[2] = {-INFINITY, -INFINITY}; // rows g, g+8
@@ -220,6 +239,13 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
 
         const int wc0 = 16*warp; // the warp's first cell in the tile
         if (wc0 < tn) {          // uniform per warp; no block barrier inside
+            // the warp's 16 cells of V as f16 (cells past tn: 0), one 32-value block of d_v at a time, first: they
+            // depend on nothing below, so that the compiler may interleave them with K*Q's loads and mma (the previous
+            // tile's ldmatrix reads of vw are ordered before this by the barriers between the tiles)
+#pragma unroll
+            for (int vb = 0; vb < DV/32; ++vb) {
+                ad_v_chunk_f16<type_v>(v_sh, p.rsv, wc0, tn, vw + 32*vb, vb, VWS);
+            }
             // S^T = Q K^T for the warp's 16 cells (n-tiles j: cells 8j .. 8j+7): one int8 mma per (block, n-tile)
             float sc[2][4];
 #pragma unroll
@@ -258,14 +284,17 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             }
             if (next) {
                 // the next tile's mask values: in flight during this tile's V*P and the next tile's wait
-                ad_tc_mask(mv, mrow0, mrow1, mf16, t0 + AD_TC, wc0, t, min(AD_TC, c_end - t0 - AD_TC));
+                ad_tc_mask(mv, mrow0, mrow1, mf16, mpair, t0 + AD_TC, wc0, t, min(AD_TC, c_end - t0 - AD_TC));
             }
             float alpha[2];
+            bool  grew = false; // a running max of the lane's rows rose (else both factors are 1)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 mx[r] = warp_reduce_max<4>(mx[r]);
                 const float m_new = fmaxf(m_run[r], mx[r]);
-                alpha[r] = m_new == -INFINITY ? 1.0f : expf(m_run[r] - m_new);
+                const bool  up    = m_new > m_run[r];
+                grew     = grew || up;
+                alpha[r] = up ? expf(m_run[r] - m_new) : 1.0f;
                 m_run[r] = m_new;
             }
             float ps[2] = {0.0f, 0.0f};
@@ -282,12 +311,16 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             for (int r = 0; r < 2; ++r) {
                 l_run[r] = l_run[r]*alpha[r] + ps[r];
             }
+            // the accumulators rescaled only where a row's max rose in the warp: deep in a cache most tiles leave every
+            // max as it was, and a factor of 1 changes nothing (the warp's 64 multiplications skipped)
+            if (__any_sync(0xffffffff, grew)) {
 #pragma unroll
-            for (int nt = 0; nt < NVT; ++nt) {
-                acc[nt][0] *= alpha[0];
-                acc[nt][1] *= alpha[0];
-                acc[nt][2] *= alpha[1];
-                acc[nt][3] *= alpha[1];
+                for (int nt = 0; nt < NVT; ++nt) {
+                    acc[nt][0] *= alpha[0];
+                    acc[nt][1] *= alpha[0];
+                    acc[nt][2] *= alpha[1];
+                    acc[nt][3] *= alpha[1];
+                }
             }
             // P as the A fragment of m16n8k16: (row g, cells 2t, 2t+1), (row g+8, the same), (row g, 8+2t, ..), (g+8, ..)
             unsigned pa[4];
@@ -296,13 +329,7 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             pa[2] = ad_tc_pack_h2(sc[1][0], sc[1][1]);
             pa[3] = ad_tc_pack_h2(sc[1][2], sc[1][3]);
 
-            // the warp's 16 cells of V as f16 (cells past tn: 0), one 32-value block of d_v at a time
-            __syncwarp(); // the previous tile's ldmatrix reads of vw are done
-#pragma unroll
-            for (int vb = 0; vb < DV/32; ++vb) {
-                ad_v_chunk_f16<type_v>(v_sh, p.rsv, wc0, tn, vw + 32*vb, vb, VWS);
-            }
-            __syncwarp();
+            __syncwarp(); // every lane's f16 V rows are written
 #pragma unroll
             for (int np = 0; np < NVT/2; ++np) {
                 unsigned vbf[4];

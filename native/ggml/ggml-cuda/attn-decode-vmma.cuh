@@ -117,17 +117,24 @@ static __device__ __forceinline__ void ad_vp_mma(const char * v_sh, const int rb
     const int lane = threadIdx.x % 32;
     const int g    = lane / 4;
     const int t    = lane % 4;
+    // the factors are exactly 1 where a column's max stayed (ad_softmax_tile): deep in a cache, mostly all of them
+    float f[NTM][2];
+    bool  any = false;
 #pragma unroll
     for (int nt = 0; nt < NTM; ++nt) {
-        if (nt < nnt) {
-            const float f0 = a_sh[8*nt + 2*t + 0];
-            const float f1 = a_sh[8*nt + 2*t + 1];
+        f[nt][0] = nt < nnt ? a_sh[8*nt + 2*t + 0] : 1.0f;
+        f[nt][1] = nt < nnt ? a_sh[8*nt + 2*t + 1] : 1.0f;
+        any = any || f[nt][0] != 1.0f || f[nt][1] != 1.0f;
+    }
+    if (__any_sync(0xffffffff, any)) {
+#pragma unroll
+        for (int nt = 0; nt < NTM; ++nt) {
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
-                acc[mt][nt][0] *= f0;
-                acc[mt][nt][1] *= f1;
-                acc[mt][nt][2] *= f0;
-                acc[mt][nt][3] *= f1;
+                acc[mt][nt][0] *= f[nt][0];
+                acc[mt][nt][1] *= f[nt][1];
+                acc[mt][nt][2] *= f[nt][0];
+                acc[mt][nt][3] *= f[nt][1];
             }
         }
     }
