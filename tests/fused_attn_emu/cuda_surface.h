@@ -433,3 +433,88 @@ static void ad_ldsm_x4_trans(unsigned * a, const half * row) {
     }
 }
 #endif // !defined(GGML_USE_HIP)
+
+#if defined(AD_EMULATE_CP_ASYNC)
+// ---- cp.async (NVIDIA sm_80+), for the fused attention's two-buffer tile pipeline (harness.cpp defines CP_ASYNC_AVAILABLE
+// and AD_EMULATE_CP_ASYNC on the CUDA surface): a thread's copies wait in its own queue, each in the group that its next
+// commit closes, and land (are copied, by that thread) only when a wait covers them: wait_group N lands every copy but
+// those of the newest N committed groups and of the open one, wait_all every copy. So a kernel that reads a tile before
+// waiting for it reads the NaN the block's shared memory starts as (or an earlier tile), and under ThreadSanitizer a
+// read that no barrier orders after the landing thread's wait is a race. A GPU may land a copy sooner, never later.
+// Copies left in a queue when its block ends are dropped and counted (g_cp_unwaited: launch.h; the harness fails the
+// case). ----
+struct emu_cp_copy {
+    size_t       dst; // bytes into the launch's dynamic shared memory
+    const char * src;
+    int          n;
+    int          group;
+};
+static std::vector<emu_cp_copy> g_cp_queue[EMU_MAX_THREADS];
+static int                      g_cp_group[EMU_MAX_THREADS]; // the open group's number (committed: all below)
+static size_t                   g_cp_unwaited = 0;           // copies issued and never waited for, all blocks so far
+
+// the kernels stage into the dynamic shared memory only: its offsets are the shared addresses
+static inline unsigned int ggml_cuda_cvta_generic_to_shared(const void * p) {
+    const ptrdiff_t off = (const char *) p - (const char *) g_smem;
+    if (off < 0 || (size_t) off >= g_smem_dynamic) {
+        fprintf(stderr, "cp.async: a destination outside the dynamic shared memory\n");
+        abort();
+    }
+    return (unsigned int) off;
+}
+
+// land the calling thread's copies of the groups below `below`
+static inline void emu_cp_land(const int below) {
+    auto & q = g_cp_queue[emu_tid()];
+    size_t kept = 0;
+    for (size_t i = 0; i < q.size(); ++i) {
+        if (q[i].group < below) {
+            std::memcpy((char *) g_smem + q[i].dst, q[i].src, (size_t) q[i].n);
+        } else {
+            q[kept++] = q[i];
+        }
+    }
+    q.resize(kept);
+}
+
+template <int UNIT>
+static inline void ad_cp_async(const unsigned int dst, const char * src) {
+    static_assert(UNIT == 16 || UNIT == 8 || UNIT == 4, "cp.async copies 16, 8 or 4 bytes");
+    if ((uintptr_t) src % UNIT != 0 || dst % UNIT != 0 || dst + UNIT > g_smem_dynamic) {
+        fprintf(stderr, "cp.async: a %d-byte copy misaligned or past the shared memory (%u)\n", UNIT, dst);
+        abort();
+    }
+    const int t = emu_tid();
+    g_cp_queue[t].push_back({dst, src, UNIT, g_cp_group[t]});
+}
+
+static inline void ad_cp_commit() {
+    ++g_cp_group[emu_tid()];
+}
+
+template <int N>
+static inline void ad_cp_wait() {
+    emu_cp_land(g_cp_group[emu_tid()] - N);
+}
+
+static inline void ad_cp_wait_all() {
+    emu_cp_land(INT32_MAX);
+}
+
+// a block's fresh queues (launch.h)
+static inline void emu_cp_reset(const int nthreads) {
+    for (int t = 0; t < nthreads; ++t) {
+        g_cp_queue[t].clear();
+        g_cp_group[t] = 0;
+    }
+}
+
+// the copies the block's threads issued and never waited for, counted into g_cp_unwaited and dropped (launch.h, when
+// the block's threads have returned)
+static inline void emu_cp_drop_unwaited(const int nthreads) {
+    for (int t = 0; t < nthreads; ++t) {
+        g_cp_unwaited += g_cp_queue[t].size();
+        g_cp_queue[t].clear();
+    }
+}
+#endif // defined(AD_EMULATE_CP_ASYNC)

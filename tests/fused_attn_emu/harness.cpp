@@ -6,7 +6,8 @@
 // tests/support/kernel_sources.py); the launch configuration (splits, chunk width, shared memory size) is the host code's,
 // restated below. Each case is compared with a float64 softmax(scale*K.Q + mask, sinks) V on the same quantized blocks,
 // decoded here independently of dequantize_x8.
-// Built for the CUDA surface (32-lane warps; the two tile buffers, whose cp.async code runs with plain loads here;
+// Built for the CUDA surface (32-lane warps; the tiles staged by the kernels' cp.async code on an emulation of cp.async,
+// whose copies land only when a wait covers them, into one or two tile buffers;
 // the tensor-core V*P on an emulation of its two instructions, held to an NMSE bound of its own since V and P are
 // rounded to f16 there) or, with -DGGML_USE_HIP, for gfx90a's (64-lane wavefronts, one tile buffer, the f32 V*P that
 // LLAMA_VQ_CUDA_FUSED_ATTN=1 gives HIP, 64 KiB of LDS: cases past it are the host's to refuse and are skipped).
@@ -14,16 +15,17 @@
 //   harness            runs the built-in cases, one line each, exit status 1 if any fails
 #include <random>
 
+#if !defined(GGML_USE_HIP)
+// the two-buffer tile pipeline is NVIDIA's (cp.async): here its code runs on cuda_surface.h's emulation of cp.async
+#define CP_ASYNC_AVAILABLE
+#define AD_EMULATE_CP_ASYNC
+#endif
 #include "cuda_surface.h"
 #include "launch.h"
 
 // dequantize-x8.cuh's device part
 #include DEQ_INC
 
-#if !defined(GGML_USE_HIP)
-// the two-buffer tile pipeline is NVIDIA's (cp.async); here its code runs with plain loads
-#define AD_TWO_BUFFERS
-#endif
 #include KERNEL_INC
 
 // ---- data, reference, cases ----
@@ -338,11 +340,18 @@ static bool run_case(const attn_case & c0, int seed) {
     // f32 V*P: rounding only (<= 7e-14 seen); tensor-core V*P: V and P rounded to f16 once each (relative
     // 2^-11 at most), an error of its own kind, bounded separately
     const bool counts0 = std::all_of(counts.begin(), counts.end(), [](unsigned n) { return n == 0; });
-    const bool ok = finite && counts0 && nmse < (c.vmma || c.tc ? 1e-6 : 1e-9);
-    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d vmma=%d tc=%d: nsplit=%d fold=%d cg=%d units=%d/%d windows=%d/%d nmse=%.3g\n",
+#if defined(AD_EMULATE_CP_ASYNC)
+    // every cp.async copy waited for (cuda_surface.h): one never waited for would be read, if at all, unsynchronized
+    const size_t unwaited = g_cp_unwaited;
+    g_cp_unwaited = 0;
+#else
+    const size_t unwaited = 0;
+#endif
+    const bool ok = finite && counts0 && unwaited == 0 && nmse < (c.vmma || c.tc ? 1e-6 : 1e-9);
+    printf("%s %s/%s dk=%d dv=%d heads=%d/%d n_kv=%d ntok=%d streams=%d sinks=%d mask=%s rot=%d nsm=%d nbuf=%d tail=%d out_rot=%d vmma=%d tc=%d: nsplit=%d fold=%d cg=%d units=%d/%d windows=%d/%d unwaited=%zu nmse=%.3g\n",
            ok ? "OK  " : "FAIL", tname(c.tk), tname(c.tv), c.dk, c.dv, c.n_head, c.n_head_kv, c.n_kv, c.ntok, c.n_stream,
            (int) c.sinks, c.mask_f16 ? "f16" : "f32", c.n_rot, c.nsm, c.nbuf, (int) c.tail, c.out_rot, (int) c.vmma, (int) c.tc, (int) nsplit, (int) (p.fold != nullptr), cg,
-           p.uk, p.uv, p.wk, p.wv, nmse);
+           p.uk, p.uv, p.wk, p.wv, unwaited, nmse);
     return ok;
 }
 

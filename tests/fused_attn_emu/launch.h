@@ -63,7 +63,13 @@ static void launch(const dim3 grid, const dim3 block, const size_t smem, F kerne
         g_warp_bar  = wbp.data();
         g_block_bar = bb.get();
         blockIdx = {b % grid.x, (b / grid.x) % grid.y, b / (grid.x*grid.y)};
+#if defined(AD_EMULATE_CP_ASYNC)
+        emu_cp_reset((int) nthreads);
+#endif
         emu_run_block((int) nthreads, b % 2 == 1, &emu_block_thread<F>, &kernel);
+#if defined(AD_EMULATE_CP_ASYNC)
+        emu_cp_drop_unwaited((int) nthreads);
+#endif
     }
     g_smem = nullptr;
     g_static_smem.clear();

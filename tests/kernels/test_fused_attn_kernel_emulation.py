@@ -8,11 +8,13 @@ tests/support/kernel_sources.py), a CUDA
 surface made of fibers (tests/fused_attn_emu/fibers.h): a block's 128 threads each a fiber of its own, __syncthreads() a
 barrier, a warp shuffle an exchange between two barriers of the warp's threads (so a shuffle that some lane of a warp
 does not reach is a deadlock, reported), shared memory a buffer of exactly the launch's size filled with NaN
-(AddressSanitizer catches any access past it, and any read of a slot nothing wrote reaches the output as NaN); without
-cp.async, the tiles are staged by the kernels' plain-load path (HIP's), into one tile buffer or, with AD_TWO_BUFFERS
-(the code NVIDIA's cp.async pipeline runs), into two. The tensor-core V*P's two warp-wide matrix instructions (mma.sync
-m16n8k16 and ldmatrix .trans) are exchanges between two barriers of the warp's 32 threads too, each lane's fragments
-laid out as the PTX ISA gives them, and its f16 arithmetic rounds each result once (to nearest even). Each case (8B
+(AddressSanitizer catches any access past it, and any read of a slot nothing wrote reaches the output as NaN); on the
+CUDA surface the tiles are staged by the kernels' cp.async code (NVIDIA's pipeline, one or two tile buffers) on an
+emulation of cp.async whose copies land only when a wait covers their group (a tile read before its wait reads NaN,
+or races under ThreadSanitizer), on the HIP surface by the plain-load path into one buffer. The tensor-core V*P's two
+warp-wide matrix instructions (mma.sync m16n8k16 and ldmatrix .trans) are exchanges between two barriers of the
+warp's 32 threads too, each lane's fragments laid out as the PTX ISA gives them, and its f16 arithmetic rounds each
+result once (to nearest even). Each case (8B
 shape, MiMo's K 192 at GQA 8/16, d 32 to 256, 1-64 columns, 1 to 16 tiles per split, several splits, 2 streams,
 f16/f32 mask, sinks, rotated queries, 2- to 16-byte staging units, one or two buffers, the output as OUT_PROD leaves
 it or permuted and contiguous, with V's inverse rotation of 64 or 128 or without; f32 or tensor-core V*P) is
@@ -20,8 +22,9 @@ compared with a float64 reference on the same quantized blocks, decoded independ
 with the queries int8 per 32 values as the kernel's K*Q takes them (quantized in float32 the same way); NMSE below
 1e-9 (f32 V*P) or 1e-6 (V and P in f16). The same cases run on the HIP surface too (gfx90a as ggml's HIP build
 compiles it: 64-lane wavefronts, one tile buffer, the f32 V*P, 64 KiB of LDS: the one case past it is skipped as the
-host refuses it). Not covered: anything that differs between this emulation and a GPU (cp.async, the tensor cores'
-own accumulation order, memory model beyond barriers), and the graph matching in ggml-cuda.cu. CPU: one g++ compile
+host refuses it). Not covered: anything that differs between this emulation and a GPU (cp.async landing sooner than
+its wait, the tensor cores' own accumulation order, memory model beyond barriers), and the graph matching in
+ggml-cuda.cu. CPU: one g++ compile
 per surface (~40-60 s) and ~11 s (CUDA) / ~5 s (HIP) of runs; both compiles at once, then both runs at once.
 """
 
@@ -44,10 +47,14 @@ from kernel_emu_support import (
 )
 
 
-def kernel_part(tmp: Path) -> dict[str, Path]:
+def kernel_part(tmp: Path, mutate: tuple[str, str] | None = None) -> dict[str, Path]:
     """The kernels' part of attn-decode-fused.cu (and the planning helpers the host code shares with the harness),
-    shared memory pointed at the harness's; its #include of the part file resolves next to it."""
+    shared memory pointed at the harness's; its #include of the part file resolves next to it. `mutate`: a text of
+    the file replaced (once) by another."""
     text = kernel_source("attn-decode-fused.cu")
+    if mutate:
+        assert text.count(mutate[0]) == 1, mutate[0]
+        text = text.replace(*mutate)
     kern = for_emulation(cut(text, "#define AD_NT", "static bool attn_decode_type_supported"))
     combine = for_emulation(kernel_source("attn-decode-combine.cuh"))
     assert kern.count("g_smem") + combine.count("g_smem") == 2, "the kernels' two extern __shared__ declarations"
@@ -68,9 +75,21 @@ def harness_builds(tmp: Path, sanitize: str) -> list[Build]:
     return [Build(tmp, "harness.cpp", s, incs, sanitize=sanitize) for s in SURFACES]
 
 
+# the two-buffer pipeline's wait one group short: a tile read while its copies are still in flight
+EARLY_READ = ("    ad_cp_wait<1>();\n", "    ad_cp_wait<2>();\n")
+
+
+def early_read_build(tmp: Path) -> Build:
+    return Build(tmp, "harness.cpp", "cuda", kernel_part(tmp, EARLY_READ))
+
+
 def emulation_builds(mktemp) -> list[Build]:
     """This file's builds, for the background prebuild (tests/support/kernel_emu_support.py)."""
-    return harness_builds(mktemp("attn"), "address,undefined") + harness_builds(mktemp("attn-tsan"), "thread")
+    return (
+        harness_builds(mktemp("attn"), "address,undefined")
+        + harness_builds(mktemp("attn-tsan"), "thread")
+        + [early_read_build(mktemp("attn-early-read"))]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +108,14 @@ def thread_sanitizer_runs(tmp_path_factory):
     require_sources()
     exes = build_all(harness_builds(tmp_path_factory.mktemp("attn-tsan"), "thread"))
     return dict(zip(SURFACES, run_all(exes, timeout=3600, stall=600), strict=True))
+
+
+@pytest.fixture(scope="module")
+def early_read_run(tmp_path_factory):
+    """The CUDA surface's harness with EARLY_READ put into the kernels' source."""
+    require_sources()
+    exes = build_all([early_read_build(tmp_path_factory.mktemp("attn-early-read"))])
+    return run_all(exes, timeout=1800, stall=600)[0]
 
 
 @pytest.mark.slow
@@ -136,3 +163,19 @@ def test_fused_attn_kernels_are_race_free_under_thread_sanitizer(thread_sanitize
     assert "ThreadSanitizer" not in proc.stderr, proc.stderr[-6000:]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "all passed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_tile_read_before_its_cp_async_wait_fails(early_read_run):
+    """The emulation of cp.async can fail: with the two-buffer pipeline's wait one group short, a tile is read while
+    its copies are still queued, so the shared memory it reads holds NaN or the tile before, and the last tile's copies
+    are never waited for: the cases of two tile buffers fail; those of one (cp.async.wait_all) still pass."""
+    proc = early_read_run
+    assert proc.returncode == 1 and "FAILED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    fails = [line for line in lines if line.startswith("FAIL ")]
+    oks = [line for line in lines if line.startswith("OK ")]
+    assert len(fails) >= 10 and all(" nbuf=2 " in line for line in fails), proc.stdout
+    assert oks and all(" nbuf=1 " in line for line in oks), proc.stdout
+    # read early, not only left unwaited: the outputs are wrong (NaN: the shared memory's start), not just counted
+    assert sum(1 for line in fails if line.endswith("nmse=nan")) >= len(fails) // 2, proc.stdout

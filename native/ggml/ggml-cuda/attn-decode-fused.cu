@@ -33,13 +33,43 @@
 #define AD_BLOCK_BYTES(type) ((type) == GGML_TYPE_Q4_0 ? 18 : (type) == GGML_TYPE_Q4_1 ? 20 : 34) // q4_0, q4_1, q8_0
 // blocks per SM the register allocation keeps room for: on NVIDIA (sm_90) 5 for <= 4-column chunks (<= 102
 // registers; 128 unbounded), 3 for 8 (168); on AMD none (a bound spills there: gfx90a keeps ~100 / ~170 / ~250 VGPRs)
-// tile buffers the kernel's code has: 2 where cp.async exists (NVIDIA sm_80+; the CPU emulation of the tests defines
-// AD_TWO_BUFFERS to run that code with plain loads), else 1 (the second buffer's code compiled out)
-#if defined(CP_ASYNC_AVAILABLE) || defined(AD_TWO_BUFFERS)
+// tile buffers the kernel's code has: 2 where cp.async exists (NVIDIA sm_80+; the CPU emulation of the tests runs that
+// code on an emulation of cp.async, AD_EMULATE_CP_ASYNC), else 1 (the second buffer's code compiled out)
+#ifdef CP_ASYNC_AVAILABLE
 #define AD_NBUF_MAX 2
 #else
 #define AD_NBUF_MAX 1
-#endif // defined(CP_ASYNC_AVAILABLE) || defined(AD_TWO_BUFFERS)
+#endif // CP_ASYNC_AVAILABLE
+
+#if defined(CP_ASYNC_AVAILABLE) && !defined(AD_EMULATE_CP_ASYNC)
+// cp.async's operations as the staging uses them (the CPU emulation of the tests gives its own: copies that land
+// only when a wait covers their group): a copy of UNIT bytes into shared memory (16: .cg, past the L1), the close of
+// the group of copies issued since the last, and the waits for all but the newest N groups or for every copy
+template <int UNIT>
+static __device__ __forceinline__ void ad_cp_async(const unsigned int dst, const char * src) {
+    static_assert(UNIT == 16 || UNIT == 8 || UNIT == 4, "cp.async copies 16, 8 or 4 bytes");
+    if constexpr (UNIT == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(dst), "l"(src));
+    } else if constexpr (UNIT == 8) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" : : "r"(dst), "l"(src));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(dst), "l"(src));
+    }
+}
+
+static __device__ __forceinline__ void ad_cp_commit() {
+    asm volatile("cp.async.commit_group;");
+}
+
+template <int N>
+static __device__ __forceinline__ void ad_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" : : "n"(N));
+}
+
+static __device__ __forceinline__ void ad_cp_wait_all() {
+    asm volatile("cp.async.wait_all;");
+}
+#endif // defined(CP_ASYNC_AVAILABLE) && !defined(AD_EMULATE_CP_ASYNC)
 #ifdef GGML_USE_HIP
 #define AD_MIN_BLOCKS(CG) 1
 #else
@@ -156,7 +186,7 @@ static __device__ __forceinline__ void ad_stage(char * dst, const char * src, co
     if (unit == 16) {
         // the common case (16-byte rows, or windows): one form of copy, no branch per unit
         for (int i = threadIdx.x; i < n; i += AD_NT) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(dsts + w.so), "l"(src + w.go));
+            ad_cp_async<16>(dsts + w.so, src + w.go);
             w.step(g);
         }
         return;
@@ -165,9 +195,9 @@ static __device__ __forceinline__ void ad_stage(char * dst, const char * src, co
         const unsigned int d  = dsts + w.so;
         const char       * gp = src + w.go;
         if (unit == 8) {
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" : : "r"(d), "l"(gp));
+            ad_cp_async<8>(d, gp);
         } else if (unit == 4) {
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(d), "l"(gp));
+            ad_cp_async<4>(d, gp);
         } else {
             // 2-byte units (rows of an odd number of q4_0 blocks): plain copies
             *(unsigned short *) (dst + w.so) = *(const unsigned short *) gp;
@@ -220,21 +250,21 @@ static __device__ __forceinline__ void ad_stage(char * dst, const char * src, co
 // close the group of copies issued since the last commit
 static __device__ __forceinline__ void ad_commit() {
 #ifdef CP_ASYNC_AVAILABLE
-    asm volatile("cp.async.commit_group;");
+    ad_cp_commit();
 #endif // CP_ASYNC_AVAILABLE
 }
 
 // wait until all of this thread's copies have landed (a __syncthreads must follow)
 static __device__ __forceinline__ void ad_wait_all() {
 #ifdef CP_ASYNC_AVAILABLE
-    asm volatile("cp.async.wait_all;");
+    ad_cp_wait_all();
 #endif // CP_ASYNC_AVAILABLE
 }
 
 // wait until at most the newest group of this thread's copies is pending (a __syncthreads must follow)
 static __device__ __forceinline__ void ad_wait_all_but_newest() {
 #ifdef CP_ASYNC_AVAILABLE
-    asm volatile("cp.async.wait_group 1;");
+    ad_cp_wait<1>();
 #endif // CP_ASYNC_AVAILABLE
 }
 
