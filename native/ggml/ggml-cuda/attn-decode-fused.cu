@@ -83,8 +83,8 @@ static __device__ __forceinline__ void ad_cp_wait_all() {
 // and rs in shared memory): unit i = threadIdx.x + k*AD_NT is byte o*unit of row r = i/upr; a thread's next unit lies
 // dgo / dso bytes on (AD_NT units: dr = AD_NT/upr rows and dox = AD_NT%upr units), and wgo / wso more where o passes
 // upr (dox < upr: at most once a step). Planned once (attn_decode_stage_geo, on the host; for windows one per offset),
-// so that a tile's walk divides and multiplies nothing and its steps are kernel parameters (ptxas reloads them where
-// registers are short rather than spilling); the thread's first row is (threadIdx.x*mg) >> 16 with mg = ceil(2^16/upr),
+// so that a tile's walk divides nothing, multiplies only where it starts, and its steps are kernel parameters (ptxas
+// reloads them where registers are short rather than spilling); the thread's first row is (threadIdx.x*mg) >> 16 with mg = ceil(2^16/upr),
 // exact for threadIdx.x < AD_NT and upr < 2^9. Offsets are 32-bit: a tile's rows lie within AD_TC*nb bytes, below
 // 2^31 (ggml_cuda_attn_decode_fused_supported).
 struct ad_stage_geo {
