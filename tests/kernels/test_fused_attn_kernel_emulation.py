@@ -3,11 +3,11 @@ tiles, int8 K*Q, two tile buffers and a parallel combine, the permuted and rotat
 on tensor cores) run on the CPU, verbatim.
 
 tests/fused_attn_emu/harness.cpp gives the kernels' source (attn-decode-fused.cu and the part files it includes,
-attn-decode-vmma.cuh, attn-decode-combine.cuh and dequantize-x8.cuh: the files the build compiles,
-tests/support/kernel_sources.py), a CUDA
-surface made of fibers (tests/fused_attn_emu/fibers.h): a block's 128 threads each a fiber of its own, __syncthreads() a
-barrier, a warp shuffle an exchange between two barriers of the warp's threads (so a shuffle that some lane of a warp
-does not reach is a deadlock, reported), shared memory a buffer of exactly the launch's size filled with NaN
+attn-decode-vmma.cuh, attn-decode-stage.cuh, attn-decode-combine.cuh and dequantize-x8.cuh: the files the build
+compiles, tests/support/kernel_sources.py), a CUDA surface made of fibers (tests/fused_attn_emu/fibers.h): a block's
+128 threads each a fiber of its own, __syncthreads() a barrier, a warp shuffle an exchange between two barriers of
+the warp's threads (so a shuffle that some lane of a warp does not reach is a deadlock, reported), shared memory a
+buffer of exactly the launch's size filled with NaN
 (AddressSanitizer catches any access past it, and any read of a slot nothing wrote reaches the output as NaN); on the
 CUDA surface the tiles are staged by the kernels' cp.async code (NVIDIA's pipeline, one or two tile buffers) on an
 emulation of cp.async whose copies land only when a wait covers their group (a tile read before its wait reads NaN,
@@ -47,20 +47,25 @@ from kernel_emu_support import (
 )
 
 
-def kernel_part(tmp: Path, mutate: tuple[str, str] | None = None) -> dict[str, Path]:
+def kernel_part(tmp: Path, mutate: tuple[str, str, str] | None = None) -> dict[str, Path]:
     """The kernels' part of attn-decode-fused.cu (and the planning helpers the host code shares with the harness),
-    shared memory pointed at the harness's; its #include of the part file resolves next to it. `mutate`: a text of
-    the file replaced (once) by another."""
-    text = kernel_source("attn-decode-fused.cu")
-    if mutate:
-        assert text.count(mutate[0]) == 1, mutate[0]
-        text = text.replace(*mutate)
-    kern = for_emulation(cut(text, "#define AD_NT", "static bool attn_decode_type_supported"))
-    combine = for_emulation(kernel_source("attn-decode-combine.cuh"))
+    shared memory pointed at the harness's; its #include of the part files resolves next to it. `mutate`: (file, a
+    text of it, the text that replaces it, once)."""
+
+    def source(name: str) -> str:
+        text = kernel_source(name)
+        if mutate and mutate[0] == name:
+            assert text.count(mutate[1]) == 1, mutate[1]
+            text = text.replace(mutate[1], mutate[2])
+        return text
+
+    kern = for_emulation(cut(source("attn-decode-fused.cu"), "#define AD_NT", "static bool attn_decode_type_supported"))
+    combine = for_emulation(source("attn-decode-combine.cuh"))
     assert kern.count("g_smem") + combine.count("g_smem") == 2, "the kernels' two extern __shared__ declarations"
-    write_part(tmp, "attn-decode-vmma.cuh", kernel_source("attn-decode-vmma.cuh"))
+    write_part(tmp, "attn-decode-vmma.cuh", source("attn-decode-vmma.cuh"))
+    write_part(tmp, "attn-decode-stage.cuh", source("attn-decode-stage.cuh"))
     write_part(tmp, "attn-decode-combine.cuh", combine)
-    write_part(tmp, "attn-decode-tc.cuh", for_emulation(kernel_source("attn-decode-tc.cuh")))
+    write_part(tmp, "attn-decode-tc.cuh", for_emulation(source("attn-decode-tc.cuh")))
     return {
         "KERNEL_INC": write_part(tmp, "kernel.inc", kern),
         "DEQ_INC": write_part(tmp, "deq.inc", dequantize_x8_part()),
@@ -76,7 +81,7 @@ def harness_builds(tmp: Path, sanitize: str) -> list[Build]:
 
 
 # the two-buffer pipeline's wait one group short: a tile read while its copies are still in flight
-EARLY_READ = ("    ad_cp_wait<1>();\n", "    ad_cp_wait<2>();\n")
+EARLY_READ = ("attn-decode-stage.cuh", "    ad_cp_wait<1>();\n", "    ad_cp_wait<2>();\n")
 
 
 def early_read_build(tmp: Path) -> Build:
