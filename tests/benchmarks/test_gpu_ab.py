@@ -46,6 +46,7 @@ def repo(tmp_path, monkeypatch):
 
 def test_ab_stores_the_changed_sources_at_the_revision(repo, tmp_path):
     (repo / CUDA / "a.cu").write_text("new a\n")
+    (repo / CUDA / "c.cuh").write_text("a header added since: unused by the old sources\n")
     dest = tmp_path / "carry"
     dest.mkdir()
     assert gpu_carry.ab_sources(dest, "old") == ["a.cu"]
