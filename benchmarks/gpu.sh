@@ -153,6 +153,18 @@ ops_summary() { grep -E 'tests passed|FAIL' "$1" | sort | uniq -c | head -3 | tr
 HIP_ENV=(LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_MMA=0 LLAMA_VQ_CUDA_FORCE_F16_GEMM=1
     LLAMA_VQ_CUDA_OUT_PROD_MMA=0 GGML_CUDA_PDL=0)
 
+# tg_rows FILE MODEL CONFIG LABEL: llama-bench's jsonl rows (stdin), each with the synthetic model's name and the
+# configuration added, appended to FILE (benchmarks/decode_bandwidth.py reads them), and a line each into the log
+tg_rows() {
+    python3 -c "import json, sys
+path, model, config, label = sys.argv[1:5]
+for l in sys.stdin:
+    r = json.loads(l); r.update(model=model, config=config)
+    print(json.dumps(r), file=open(path, 'a'))
+    print(label, 'depth', r['n_depth'], round(r['avg_ts'], 2), '+-', round(r['stddev_ts'], 2))" "$@" \
+        | tee -a "$OUT/$measurement.txt"
+}
+
 # attn_modes MODEL LABEL ARG...: benchmarks/attn_modes.py on this build's tools, its lines into the log
 attn_modes() {
     local model=$1 label=$2; shift 2
@@ -240,12 +252,8 @@ decode-bandwidth)
         model "$1"
         local tcenv=(LLAMA_VQ_CUDA_FUSED_ATTN_TC="$6"); [ "$6" = default ] && tcenv=()
         env "${tcenv[@]}" "$bin/llama-bench" -m "$M/synth-$1.gguf" -ngl 99 -fa "$3" -ctk "$4" -ctv "$5" \
-            -p 0 -n 64 -d "$2" -r "${REPS:-2}" -o jsonl 2>/dev/null | python3 -c "import json,sys
-for l in sys.stdin:
-    r=json.loads(l); r.update(model='$1', config='fa=$3 TC=$6')
-    print(json.dumps(r), file=open('$OUT/decode.jsonl', 'a'))
-    print('tg64 $1 fa=$3 $4/$5 TC=$6 depth', r['n_depth'], round(r['avg_ts'],2), '+-', round(r['stddev_ts'],2))" \
-            | tee -a "$OUT/$measurement.txt"
+            -p 0 -n 64 -d "$2" -r "${REPS:-2}" -o jsonl 2>/dev/null \
+            | tg_rows "$OUT/decode.jsonl" "$1" "fa=$3 TC=$6" "tg64 $1 fa=$3 $4/$5 TC=$6"
     }
     dm=${DEPTHS_MIMO:-0,32768,65536}
     tg mimo "$dm" prefill q8_0 q4_1 default; tg mimo "$dm" prefill q8_0 q4_1 1; tg mimo "$dm" prefill q8_0 q4_1 0
@@ -296,12 +304,7 @@ decode-ab)
     abtg() { # SIDE ROUND MODEL DEPTHS CTK CTV
         model "$3"
         "$bin/llama-bench" -m "$M/synth-$3.gguf" -ngl 99 -fa prefill -ctk "$5" -ctv "$6" -p 0 -n 64 -d "$4" \
-            -r "${REPS:-2}" -o jsonl 2>/dev/null | python3 -c "import json,sys
-for l in sys.stdin:
-    r=json.loads(l); r.update(model='$3', config='$1')
-    print(json.dumps(r), file=open('$OUT/ab.jsonl', 'a'))
-    print('tg64 $3 $5/$6 $1 (round $2) depth', r['n_depth'], round(r['avg_ts'],2), '+-', round(r['stddev_ts'],2))" \
-            | tee -a "$OUT/$measurement.txt"
+            -r "${REPS:-2}" -o jsonl 2>/dev/null | tg_rows "$OUT/ab.jsonl" "$3" "$1" "tg64 $3 $5/$6 $1 (round $2)"
     }
     for round in $(seq "${AB_ROUNDS:-1}"); do
         for sd in old new; do
