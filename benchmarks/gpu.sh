@@ -34,13 +34,14 @@
 #                    TC=1, and never, TC=0) and flash attention on f16; then the full-attention layers' kernels of a
 #                    decode at 64K under ncu, with the stall reasons by SASS line (NO_NCU=1 skips). Effective
 #                    bandwidth = the step time the depth adds over the K/V bytes read (benchmarks/decode_bandwidth.py,
-#                    against PEAK_TBS, 3.35 for an H100). Needs CUDA_FA=ON
+#                    against PEAK_TBS, 3.35 for an H100). A build with CUDA_FA=OFF runs ours with -fa off (the
+#                    prompt through the split non-FA attention; the decode is the same) and leaves flash attention out
 #   decode-ab        two versions of the fused decode attention side by side in one call: this checkout's (the carried
 #                    tree, as built) and the CUDA sources `carry --ab REV` stored, swapped into the tree and rebuilt in
 #                    the same build folder (only they recompile: ~2 min a swap), in turn (old, new; AB_ROUNDS 1):
-#                    tg64 of the MiMo shape (q8_0/q4_1, prefill mode, DEPTHS_MIMO) and of the 8B shape (q4_0/q4_0,
-#                    DEPTHS_8B; SHAPES "mimo llama8b"), then the effective bandwidth of each; the tree and the build
-#                    are left with this checkout's sources
+#                    tg64 of the MiMo shape (q8_0/q4_1, prefill mode, or -fa off where CUDA_FA=OFF; DEPTHS_MIMO) and
+#                    of the 8B shape (q4_0/q4_0, DEPTHS_8B; SHAPES "mimo llama8b"), then the effective bandwidth of
+#                    each; the tree and the build are left with this checkout's sources
 #   decode-kernels   the GPU time of a decoded token kernel by kernel (ncu, benchmarks/kernel_times.py) on the MiMo
 #                    shape at DEPTH (1024): ours, flash attention on the same types and on f16
 #   attention-choice -fa auto by measurement (llama_vq.tune_attn) on the MiMo shape, q8_0/q4_1, with NVIDIA's and
@@ -143,6 +144,10 @@ use_python() {
 }
 
 built() { [ -f "$B/.done" ]; }
+# whether the build has flash attention's kernels (CUDA_FA=ON); without them our decode is measured with -fa off
+# (prompt batches through the split non-FA attention) and flash attention's rows are left out
+fa_built() { grep -q '^GGML_CUDA_FA:BOOL=ON' "$B/CMakeCache.txt" 2>/dev/null; }
+ours_fa() { if fa_built; then echo prefill; else echo off; fi; }
 need_build() { built || { log "not built (bash benchmarks/gpu.sh build first)"; tail -5 "$B.log" 2>/dev/null; exit 1; }; }
 
 # ops_summary LOG: the pass/fail lines of a test-backend-ops log, counted
@@ -256,8 +261,10 @@ decode-bandwidth)
             | tg_rows "$OUT/decode.jsonl" "$1" "fa=$3 TC=$6" "tg64 $1 fa=$3 $4/$5 TC=$6"
     }
     dm=${DEPTHS_MIMO:-0,32768,65536}
-    tg mimo "$dm" prefill q8_0 q4_1 default; tg mimo "$dm" prefill q8_0 q4_1 1; tg mimo "$dm" prefill q8_0 q4_1 0
-    tg mimo "$dm" on f16 f16 default
+    fa=$(ours_fa)
+    fa_built || log "built without flash attention's kernels (CUDA_FA=OFF): ours with -fa off, no flash attention rows"
+    tg mimo "$dm" "$fa" q8_0 q4_1 default; tg mimo "$dm" "$fa" q8_0 q4_1 1; tg mimo "$dm" "$fa" q8_0 q4_1 0
+    fa_built && tg mimo "$dm" on f16 f16 default
     if command -v ncu > /dev/null && [ -z "${NO_NCU:-}" ]; then
         # the decode steps at 64K: llama-bench's warm-up decodes at depth 0, where the default rule never picks
         # k_attn_decode_tc (>= 8,192 cells) and the splits are few enough to fold their combine, so these two names
@@ -266,14 +273,14 @@ decode-bandwidth)
         timeout 150 ncu --clock-control none -k regex:"k_attn_decode_tc|k_attn_decode_combine" \
             --launch-count "${NCU_KERNELS:-4}" --section SpeedOfLight --section Occupancy --section LaunchStats \
             --section WarpStateStats --section InstructionStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-            --section SourceCounters "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa prefill -ctk q8_0 \
+            --section SourceCounters "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa "$fa" -ctk q8_0 \
             -ctv q4_1 -p 0 -n 2 -d 65536 -r 1 > "$OUT/ncu.txt" 2>&1
         grep -E "k_attn_decode|Duration|DRAM Throughput|Achieved Occupancy|SM Active Cycles|Warp Cycles Per|Issued Ipc" \
             "$OUT/ncu.txt" | head -60
         grep -E "Executed Instructions |Stall|stalled|No Eligible" "$OUT/ncu.txt" | head -30
     fi
     d8=${DEPTHS_8B:-0,32768}
-    tg llama8b "$d8" prefill q4_0 q4_0 default; tg llama8b "$d8" on f16 f16 default
+    tg llama8b "$d8" "$fa" q4_0 q4_0 default; fa_built && tg llama8b "$d8" on f16 f16 default
     python3 "$here/benchmarks/decode_bandwidth.py" "$OUT/decode.jsonl" --peak-tbs "${PEAK_TBS:-3.35}" \
         | tee -a "$OUT/$measurement.txt"
     ;;
@@ -303,7 +310,7 @@ decode-ab)
     }
     abtg() { # SIDE ROUND MODEL DEPTHS CTK CTV
         model "$3"
-        "$bin/llama-bench" -m "$M/synth-$3.gguf" -ngl 99 -fa prefill -ctk "$5" -ctv "$6" -p 0 -n 64 -d "$4" \
+        "$bin/llama-bench" -m "$M/synth-$3.gguf" -ngl 99 -fa "$(ours_fa)" -ctk "$5" -ctv "$6" -p 0 -n 64 -d "$4" \
             -r "${REPS:-2}" -o jsonl 2>/dev/null | tg_rows "$OUT/ab.jsonl" "$3" "$1" "tg64 $3 $5/$6 $1 (round $2)"
     }
     for round in $(seq "${AB_ROUNDS:-1}"); do
