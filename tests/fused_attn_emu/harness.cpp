@@ -240,8 +240,9 @@ static bool run_case(const attn_case & c0, int seed) {
         p.d_s1 = (int64_t) c.dv*c.n_head; p.d_s2 = c.dv; p.d_s3 = (int64_t) c.dv*c.n_head*c.ntok;
     }
     p.out_rot = c.out_rot;
-    attn_decode_rows(p.rbk, (uintptr_t) p.k, p.k_nb1, p.k_nb2, p.k_nb3, p.uk, p.wk, p.rsk, p.gk);
-    attn_decode_rows(p.rbv, (uintptr_t) p.v, p.v_nb1, p.v_nb2, p.v_nb3, p.uv, p.wv, p.rsv, p.gv);
+    const int walkers = attn_decode_walkers(c.tc);
+    attn_decode_rows(p.rbk, (uintptr_t) p.k, p.k_nb1, p.k_nb2, p.k_nb3, walkers, p.uk, p.wk, p.rsk, p.gk);
+    attn_decode_rows(p.rbv, (uintptr_t) p.v, p.v_nb1, p.v_nb2, p.v_nb3, walkers, p.uv, p.wv, p.rsv, p.gv);
 
     const int cg = attn_decode_cg(p.ncols);
     p.nbuf = c.nbuf;

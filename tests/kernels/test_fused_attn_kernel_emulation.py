@@ -88,12 +88,25 @@ def early_read_build(tmp: Path) -> Build:
     return Build(tmp, "harness.cpp", "cuda", kernel_part(tmp, EARLY_READ))
 
 
+# k_attn_decode_tc without the warp barrier after its wait: each lane waits only for its own copies, so a lane reads
+# rows its neighbours copied while theirs are still in flight
+NO_WARP_WAIT = (
+    "attn-decode-tc.cuh",
+    "        __syncwarp(); // every lane's copies of the warp's rows have landed\n",
+    "",
+)
+
+
+def no_warp_wait_build(tmp: Path) -> Build:
+    return Build(tmp, "harness.cpp", "cuda", kernel_part(tmp, NO_WARP_WAIT))
+
+
 def emulation_builds(mktemp) -> list[Build]:
     """This file's builds, for the background prebuild (tests/support/kernel_emu_support.py)."""
     return (
         harness_builds(mktemp("attn"), "address,undefined")
         + harness_builds(mktemp("attn-tsan"), "thread")
-        + [early_read_build(mktemp("attn-early-read"))]
+        + [early_read_build(mktemp("attn-early-read")), no_warp_wait_build(mktemp("attn-no-warp-wait"))]
     )
 
 
@@ -120,6 +133,14 @@ def early_read_run(tmp_path_factory):
     """The CUDA surface's harness with EARLY_READ put into the kernels' source."""
     require_sources()
     exes = build_all([early_read_build(tmp_path_factory.mktemp("attn-early-read"))])
+    return run_all(exes, timeout=1800, stall=600)[0]
+
+
+@pytest.fixture(scope="module")
+def no_warp_wait_run(tmp_path_factory):
+    """The CUDA surface's harness with NO_WARP_WAIT put into the kernels' source."""
+    require_sources()
+    exes = build_all([no_warp_wait_build(tmp_path_factory.mktemp("attn-no-warp-wait"))])
     return run_all(exes, timeout=1800, stall=600)[0]
 
 
@@ -184,3 +205,16 @@ def test_a_tile_read_before_its_cp_async_wait_fails(early_read_run):
     assert oks and all(" nbuf=1 " in line for line in oks), proc.stdout
     # read early, not only left unwaited: the outputs are wrong (NaN: the shared memory's start), not just counted
     assert sum(1 for line in fails if line.endswith("nmse=nan")) >= len(fails) // 2, proc.stdout
+
+
+@pytest.mark.slow
+def test_a_warps_rows_read_before_every_lane_waited_fail(no_warp_wait_run):
+    """k_attn_decode_tc stages each warp's cells by the warp's own lanes, with no block barrier between the tiles: the
+    __syncwarp after the wait is all that makes the other lanes' copies visible. Without it the emulation fails the
+    cases of that form (their reads find NaN or the tile before), and only them."""
+    proc = no_warp_wait_run
+    assert proc.returncode == 1 and "FAILED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    fails = [line for line in lines if line.startswith("FAIL ")]
+    assert len(fails) >= 10 and all(" tc=1:" in line for line in fails), proc.stdout
+    assert not [line for line in lines if line.startswith("OK ") and " tc=1:" in line], proc.stdout

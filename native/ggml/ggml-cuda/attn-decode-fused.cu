@@ -116,8 +116,8 @@ static __device__ __forceinline__ ad_rows_blk ad_rows_block(const attn_decode_pa
 // the K and V rows of cells [t0, t0 + tn) into a tile buffer (k_sh, v_sh), all threads of the block, as ad_stage
 static __device__ __forceinline__ void ad_stage_tile(const attn_decode_params & p, const ad_rows_blk & rw, char * k_sh,
         char * v_sh, const char * kbase, const char * vbase, const int t0, const int tn) {
-    ad_stage(k_sh, kbase + (int64_t) t0*p.k_nb1, p.gk[rw.koff >> 1], tn);
-    ad_stage(v_sh, vbase + (int64_t) t0*p.v_nb1, p.gv[rw.voff >> 1], tn);
+    ad_stage<AD_NT>(k_sh, kbase + (int64_t) t0*p.k_nb1, p.gk[rw.koff >> 1], tn, (int) threadIdx.x);
+    ad_stage<AD_NT>(v_sh, vbase + (int64_t) t0*p.v_nb1, p.gv[rw.voff >> 1], tn, (int) threadIdx.x);
 }
 
 // the top of the tile at cell t0 (the it-th of a split ending at c_end; buffers kbuf / vbuf bytes apart): with two
@@ -742,12 +742,12 @@ static int attn_decode_row_bytes(const ggml_type type, const int64_t d) {
     return (int) (d/ggml_blck_size(type)*ggml_type_size(type));
 }
 
-// the row bytes and the staging of the K and V caches into p
-static void attn_decode_layout(attn_decode_params & p, const ggml_tensor * k, const ggml_tensor * v) {
+// the row bytes and the staging of the K and V caches into p, the walks for nt threads (attn_decode_walkers)
+static void attn_decode_layout(attn_decode_params & p, const ggml_tensor * k, const ggml_tensor * v, const int nt) {
     p.rbk = attn_decode_row_bytes(k->type, k->ne[0]);
     p.rbv = attn_decode_row_bytes(v->type, v->ne[0]);
-    attn_decode_rows(p.rbk, (uintptr_t) k->data, k->nb[1], k->nb[2], k->nb[3], p.uk, p.wk, p.rsk, p.gk);
-    attn_decode_rows(p.rbv, (uintptr_t) v->data, v->nb[1], v->nb[2], v->nb[3], p.uv, p.wv, p.rsv, p.gv);
+    attn_decode_rows(p.rbk, (uintptr_t) k->data, k->nb[1], k->nb[2], k->nb[3], nt, p.uk, p.wk, p.rsk, p.gk);
+    attn_decode_rows(p.rbv, (uintptr_t) v->data, v->nb[1], v->nb[2], v->nb[3], nt, p.uv, p.wv, p.rsv, p.gv);
 }
 
 // the splits aim at AD_SPLIT_BPSM blocks per SM, each split at least AD_SPLIT_MIN_TILES tiles of AD_TC cells (as
@@ -887,7 +887,7 @@ bool ggml_cuda_attn_decode_fused_supported(const ggml_tensor * kq, const ggml_te
     // the staged K and V tiles must fit the device's shared memory (d 256 x 32 columns of q8_0 needs ~76 KB: above a
     // 64 KB limit, e.g. AMD's, such shapes keep the separate ops)
     attn_decode_params lp = {};
-    attn_decode_layout(lp, k, v);
+    attn_decode_layout(lp, k, v, attn_decode_walkers(false));
     const size_t smem = attn_decode_smem((int) (ntok*gqa), (int) dk, (int) dv, lp.rsk, lp.rsv, 1, false);
     if (smem > ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo) {
         return false;
@@ -913,7 +913,7 @@ bool ggml_cuda_attn_decode_fused_auto(const ggml_tensor * kq, const ggml_tensor 
 #else
     const int ncols = (int) (q->ne[2]/k->ne[2]);
     attn_decode_params lp = {};
-    attn_decode_layout(lp, k, v);
+    attn_decode_layout(lp, k, v, attn_decode_walkers(false));
     return attn_decode_tc_nbuf((int) k->ne[0], (int) v->ne[0], lp.rsk, lp.rsv, ncols, (int) k->ne[1]) > 0 ||
         attn_decode_vmma(ncols, (int) k->ne[0], (int) v->ne[0], lp.rsk, lp.rsv);
 #endif
@@ -1118,7 +1118,7 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
 
     const int nstream = (int) k->ne[3];
 
-    attn_decode_layout(p, k, v);
+    attn_decode_layout(p, k, v, attn_decode_walkers(false));
     p.mask_f16 = mask && mask->type == GGML_TYPE_F16;
     // k_attn_decode_tc where it exists: tiles of 16 columns, and splits for whole waves of the blocks per SM its
     // resources allow
@@ -1127,6 +1127,7 @@ bool ggml_cuda_attn_decode_fused(ggml_backend_cuda_context & ctx, const ggml_ten
     if (tc_nbuf > 0) {
 #ifndef GGML_USE_HIP
         p.ntiles = (p.ncols + AD_TC_COLS - 1)/AD_TC_COLS;
+        attn_decode_layout(p, k, v, attn_decode_walkers(true)); // each warp walks its own cells
         tc_smem  = attn_decode_tc_smem(p.dk, p.dv, p.rsk, p.rsv, tc_nbuf);
         static std::mutex                        tc_mutex;
         static std::unordered_map<uint64_t, int> tc_bpsm;

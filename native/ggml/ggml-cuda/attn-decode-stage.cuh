@@ -36,30 +36,31 @@ static __device__ __forceinline__ void ad_cp_wait_all() {
 }
 #endif // defined(CP_ASYNC_AVAILABLE) && !defined(AD_EMULATE_CP_ASYNC)
 
-// how the threads walk the staging units of a tile (rows of upr units of `unit` bytes, nb bytes apart in global memory
-// and rs in shared memory): unit i = threadIdx.x + k*AD_NT is byte o*unit of row r = i/upr; a thread's next unit lies
-// dgo / dso bytes on (AD_NT units: dr = AD_NT/upr rows and dox = AD_NT%upr units), and wgo / wso more where o passes
-// upr (dox < upr: at most once a step). Planned once (attn_decode_stage_geo, on the host; for windows one per offset),
-// so that a tile's walk divides nothing, multiplies only where it starts, and its steps are kernel parameters (ptxas
-// reloads them where registers are short rather than spilling); the thread's first row is (threadIdx.x*mg) >> 16
-// with mg = ceil(2^16/upr), exact for threadIdx.x < AD_NT and upr < 2^9. Offsets are 32-bit: a tile's rows lie within AD_TC*nb bytes, below
-// 2^31 (ggml_cuda_attn_decode_fused_supported).
+// how nt threads walk the staging units of a tile (rows of upr units of `unit` bytes, nb bytes apart in global memory
+// and rs in shared memory): the whole block (nt = AD_NT, k_attn_decode) or one warp over its own rows (nt = 32,
+// k_attn_decode_tc). Unit i = x + k*nt (x: the thread's index among the nt) is byte o*unit of row r = i/upr; a
+// thread's next unit lies dgo / dso bytes on (nt units: dr = nt/upr rows and dox = nt%upr units), and wgo / wso more
+// where o passes upr (dox < upr: at most once a step). Planned once (attn_decode_stage_geo, on the host; for windows
+// one per offset), so that a tile's walk divides nothing, multiplies only where it starts, and its steps are kernel
+// parameters (ptxas reloads them where registers are short rather than spilling); the thread's first row is
+// (x*mg) >> 16 with mg = ceil(2^16/upr), exact for x < AD_NT and upr < 2^9. Offsets are 32-bit: a tile's rows lie
+// within AD_TC*nb bytes, below 2^31 (ggml_cuda_attn_decode_fused_supported).
 struct ad_stage_geo {
     int      unit, rs, nb, upr, dox, mg;
     unsigned dgo, wgo; // modulo 2^32: the offsets of the units a tile has are below 2^31
     int      dso, wso;
 };
 
-// the walk of rows of `bytes` bytes (a multiple of unit) in units of `unit`, nb bytes apart in global memory and rs in
-// shared memory
-static ad_stage_geo attn_decode_stage_geo(const int bytes, const int unit, const int64_t nb, const int rs) {
+// the walk of nt threads over rows of `bytes` bytes (a multiple of unit) in units of `unit`, nb bytes apart in global
+// memory and rs in shared memory
+static ad_stage_geo attn_decode_stage_geo(const int bytes, const int unit, const int64_t nb, const int rs, const int nt) {
     ad_stage_geo g;
     g.unit = unit;
     g.rs   = rs;
     g.nb   = (int) std::min<int64_t>(nb, INT32_MAX/AD_TC); // larger strides are not fused (never used)
     g.upr  = bytes/unit;
-    const int dr = AD_NT/g.upr;
-    g.dox  = AD_NT - dr*g.upr;
+    const int dr = nt/g.upr;
+    g.dox  = nt - dr*g.upr;
     g.mg   = (65536 + g.upr - 1)/g.upr;
     // a step past a tile's last row (dr*nb up to 2^32 for 1-unit rows) is never used for an address: truncated
     g.dgo  = (unsigned) ((int64_t) dr*g.nb + g.dox*unit);
@@ -69,15 +70,15 @@ static ad_stage_geo attn_decode_stage_geo(const int bytes, const int unit, const
     return g;
 }
 
-// a thread's walk over the staging units of a tile (ad_stage_geo): the current unit's offsets from the tile's first
-// row in global (go) and shared memory (so) and its index in its row (o)
+// the walk of thread x of those a walk was planned for (ad_stage_geo) over the staging units of a tile: the current
+// unit's offsets from the tile's first row in global (go) and shared memory (so) and its index in its row (o)
 struct ad_walk {
     unsigned go;
     int      so, o;
 
-    __device__ __forceinline__ explicit ad_walk(const ad_stage_geo & g) {
-        const int r = (int) ((threadIdx.x*(unsigned) g.mg) >> 16);
-        o  = threadIdx.x - r*g.upr;
+    __device__ __forceinline__ ad_walk(const ad_stage_geo & g, const int x) {
+        const int r = (int) (((unsigned) x*(unsigned) g.mg) >> 16);
+        o  = x - r*g.upr;
         go = (unsigned) r*(unsigned) g.nb + (unsigned) (o*g.unit);
         so = r*g.rs + o*g.unit;
     }
@@ -93,23 +94,26 @@ struct ad_walk {
     }
 };
 
-// copy rows [0, tn) of g.upr units of g.unit bytes each (global: src + r*g.nb; shared: dst + r*g.rs), all threads of
-// the block; with cp.async the copies are only issued (ad_commit + ad_wait complete them), else done on return
-static __device__ __forceinline__ void ad_stage(char * dst, const char * src, const ad_stage_geo & g, const int tn) {
+// copy rows [0, tn) of g.upr units of g.unit bytes each (global: src + r*g.nb; shared: dst + r*g.rs) by NT threads,
+// this one x of them (g planned for NT): the block (AD_NT, threadIdx.x) or a warp (32, its lane); with cp.async the
+// copies are only issued (ad_commit + a wait complete them), else done on return
+template <int NT>
+static __device__ __forceinline__ void ad_stage(char * dst, const char * src, const ad_stage_geo & g, const int tn,
+        const int x) {
     const int unit = g.unit;
     const int n    = tn*g.upr;
-    ad_walk   w(g);
+    ad_walk   w(g, x);
 #ifdef CP_ASYNC_AVAILABLE
     const unsigned int dsts = ggml_cuda_cvta_generic_to_shared(dst);
     if (unit == 16) {
         // the common case (16-byte rows, or windows): one form of copy, no branch per unit
-        for (int i = threadIdx.x; i < n; i += AD_NT) {
+        for (int i = x; i < n; i += NT) {
             ad_cp_async<16>(dsts + w.so, src + w.go);
             w.step(g);
         }
         return;
     }
-    for (int i = threadIdx.x; i < n; i += AD_NT) {
+    for (int i = x; i < n; i += NT) {
         const unsigned int d  = dsts + w.so;
         const char       * gp = src + w.go;
         if (unit == 8) {
@@ -125,13 +129,13 @@ static __device__ __forceinline__ void ad_stage(char * dst, const char * src, co
 #else
     // plain loads, 4 per thread in flight (no barrier or shuffle inside: uniform trip counts not needed)
     constexpr int NU = 4;
-    for (int i0 = 0; i0 < n; i0 += NU*AD_NT) {
+    for (int i0 = 0; i0 < n; i0 += NU*NT) {
         int4 buf[NU];
         int  so[NU];
 #pragma unroll
         for (int u = 0; u < NU; ++u) {
             so[u] = w.so;
-            if (i0 + u*AD_NT + (int) threadIdx.x < n) {
+            if (i0 + u*NT + x < n) {
                 const char * gp = src + w.go;
                 if (unit == 16) {
                     buf[u] = *(const int4 *) gp;
@@ -148,7 +152,7 @@ static __device__ __forceinline__ void ad_stage(char * dst, const char * src, co
         }
 #pragma unroll
         for (int u = 0; u < NU; ++u) {
-            if (i0 + u*AD_NT + (int) threadIdx.x < n) {
+            if (i0 + u*NT + x < n) {
                 char * d = dst + so[u];
                 if (unit == 16) {
                     *(int4 *) d = buf[u];
@@ -186,6 +190,12 @@ static __device__ __forceinline__ void ad_wait_all_but_newest() {
 #endif // CP_ASYNC_AVAILABLE
 }
 
+// the threads that walk a tile's staging units together: the block's in k_attn_decode, and in k_attn_decode_tc each
+// warp's over its own 16 cells of the tile (ad_tc_stage: no block barrier between the tiles)
+static int attn_decode_walkers(const bool tc) {
+    return tc ? 32 : AD_NT;
+}
+
 // bytes per staging unit: the widest of 16/8/4/2 dividing a row's bytes, the base address and every stride
 static int attn_decode_unit(const int rb, const uintptr_t base, const int64_t nb1, const int64_t nb2, const int64_t nb3) {
     for (int u = 16; u > 2; u /= 2) {
@@ -201,14 +211,15 @@ static int attn_decode_unit(const int rb, const uintptr_t base, const int64_t nb
 // and the cells are 16-byte aligned apart (nb1), as windows (ad_rows_block): a row of q8_0 d 192 (204 bytes at
 // offsets 0, 4, 8, 12 of 16) takes 13-14 copies of 16 bytes instead of 51 of 4. Windowed rows lie rs bytes apart:
 // room for the largest offset any block's rows can have, an odd multiple of 16 (eight consecutive rows start in
-// eight distinct groups of four banks: the K reads of both forms take 8 rows per warp).
+// eight distinct groups of four banks: the K reads of both forms take 8 rows per warp). The walks g are those of nt
+// threads (attn_decode_walkers: the kernel's).
 static void attn_decode_rows(const int rb, const uintptr_t base, const int64_t nb1, const int64_t nb2, const int64_t nb3,
-        int & unit, int & win, int & rs, ad_stage_geo * g) {
+        const int nt, int & unit, int & win, int & rs, ad_stage_geo * g) {
     unit = attn_decode_unit(rb, base, nb1, nb2, nb3);
     win  = unit < 16 && nb1 % 16 == 0 && base % 2 == 0 && nb2 % 2 == 0 && nb3 % 2 == 0; // even offsets
     rs   = rb;
     for (int i = 0; i < 8; ++i) {
-        g[i] = attn_decode_stage_geo(rb, unit, nb1, rb);
+        g[i] = attn_decode_stage_geo(rb, unit, nb1, rb, nt);
     }
     if (win) {
         // the blocks' first rows lie at base + h*nb2 + s*nb3: their offsets in 16 bytes are base % a + multiples of a
@@ -220,7 +231,7 @@ static void attn_decode_rows(const int rb, const uintptr_t base, const int64_t n
         rs = (maxoff + rb + 15)/16*16;
         rs += (rs/16) % 2 == 0 ? 16 : 0;
         for (int i = 0; i < 8; ++i) { // the walk of a block whose rows lie at offset 2i in 16 bytes
-            g[i] = attn_decode_stage_geo((2*i + rb + 15)/16*16, 16, nb1, rs);
+            g[i] = attn_decode_stage_geo((2*i + rb + 15)/16*16, 16, nb1, rs, nt);
         }
     }
 }

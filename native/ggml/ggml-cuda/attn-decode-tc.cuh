@@ -16,8 +16,10 @@
 // - S^T's accumulator fragments are, as f16, the A fragments of V*P (m16n8k16: P [columns x 16 cells] times V
 //   [16 cells x 8 values of d_v]), V dequantized to f16 per warp (ad_v_chunk_f16) and read by ldmatrix .trans.
 // The block's four warps merge their states at the end (a fixed order: deterministic), and the result leaves as
-// k_attn_decode's does (ad_write_out: normalized, or a split's partial for k_attn_decode_combine). The tiles of 64
-// cells are staged by the whole block as in k_attn_decode (two buffers with cp.async, the next tile in flight).
+// k_attn_decode's does (ad_write_out: normalized, or a split's partial for k_attn_decode_combine). Each warp stages its
+// own 16 cells of every 64-cell tile (ad_tc_stage: two buffers with cp.async, its next cells in flight) and waits
+// only for its own copies: no block barrier between the tiles, so that the four warps drift apart and one's loads
+// and barriers wait while another issues.
 
 #define AD_TC_COLS 16 // query columns per block: one m-tile
 
@@ -103,6 +105,19 @@ static __device__ __forceinline__ void ad_tc_mask(float (*mv)[4], const char * m
     }
 }
 
+// warp w's cells of the tile at t0 (t0 + 16w .. t0 + 16w + 15, those before c_end) into its rows (16w ..) of a tile
+// buffer (k_buf, v_buf), by the warp's lanes: the walks p.gk / p.gv are planned for 32 threads (attn_decode_walkers)
+static __device__ __forceinline__ void ad_tc_stage(const attn_decode_params & p, const ad_rows_blk & rw, char * k_buf,
+        char * v_buf, const char * kbase, const char * vbase, const int t0, const int c_end, const int warp,
+        const int lane) {
+    const int c0 = t0 + 16*warp;
+    const int tn = min(16, c_end - c0);
+    if (tn > 0) {
+        ad_stage<32>(k_buf + 16*warp*p.rsk, kbase + (int64_t) c0*p.k_nb1, p.gk[rw.koff >> 1], tn, lane);
+        ad_stage<32>(v_buf + 16*warp*p.rsv, vbase + (int64_t) c0*p.v_nb1, p.gv[rw.voff >> 1], tn, lane);
+    }
+}
+
 static __device__ __forceinline__ unsigned ad_tc_pack_h2(const float lo, const float hi) {
     const half2 h = __floats2half2_rn(lo, hi);
     unsigned u;
@@ -185,7 +200,7 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     // everything above is index arithmetic: the kernel before may still be running (programmatic dependent launch)
     ggml_cuda_pdl_sync();
 
-    ad_stage_tile(p, rw, k_sh0, v_sh0, kbase, vbase, c_begin, min(AD_TC, c_end - c_begin));
+    ad_tc_stage(p, rw, k_sh0, v_sh0, kbase, vbase, c_begin, c_end, warp, lane);
     ad_commit();
 
     // the queries: int8 per 32 values into qi_sh / qd_sh (padded columns 0), the mask rows' offsets (ends with a barrier)
@@ -229,19 +244,33 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     const half * vrow = vw + ((lane % 8) + 8*((lane / 8) % 2))*VWS + 8*(lane / 16);
 
     const bool two = AD_NBUF_MAX == 2 && p.nbuf == 2;
+    const int  wc0 = 16*warp; // the warp's first cell in a tile
     for (int t0 = c_begin, it = 0; t0 < c_end; t0 += AD_TC, ++it) {
         const int  tn   = min(AD_TC, c_end - t0);
         const bool next = t0 + AD_TC < c_end;
-        const int  buf  = ad_tile_wait(p, rw, k_sh0, v_sh0, kbuf, vbuf, kbase, vbase, t0, it, c_end, two);
+        // the warp's rows of this tile: with two buffers its next cells' copies issued into the other buffer (its
+        // lanes' last reads of it came before the __syncwarp that closed the previous tile) and this tile's awaited,
+        // an empty group on the last tile keeping the count; with one, this tile's awaited
+        int buf = 0;
+        if (two) {
+            buf = it & 1;
+            if (next) {
+                ad_tc_stage(p, rw, k_sh0 + (buf ^ 1)*kbuf, v_sh0 + (buf ^ 1)*vbuf, kbase, vbase, t0 + AD_TC, c_end,
+                    warp, lane);
+            }
+            ad_commit();
+            ad_wait_all_but_newest();
+        } else {
+            ad_wait_all();
+        }
         const char * k_sh = k_sh0 + buf*kbuf + rw.koff;
         const char * v_sh = v_sh0 + buf*vbuf + rw.voff;
-        __syncthreads();
+        __syncwarp(); // every lane's copies of the warp's rows have landed
 
-        const int wc0 = 16*warp; // the warp's first cell in the tile
-        if (wc0 < tn) {          // uniform per warp; no block barrier inside
+        if (wc0 < tn) { // uniform per warp
             // the warp's 16 cells of V as f16 (cells past tn: 0), one 32-value block of d_v at a time, first: they
             // depend on nothing below, so that the compiler may interleave them with K*Q's loads and mma (the previous
-            // tile's ldmatrix reads of vw are ordered before this by the barriers between the tiles)
+            // tile's ldmatrix reads of vw are ordered before this by the __syncwarp that closed it)
 #pragma unroll
             for (int vb = 0; vb < DV/32; ++vb) {
                 ad_v_chunk_f16<type_v>(v_sh, p.rsv, wc0, tn, vw + 32*vb, vb, VWS);
@@ -338,8 +367,11 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
                 ad_mma_f16(acc[2*np + 1], pa, vbf[2], vbf[3]);
             }
         }
-        __syncthreads(); // this tile's buffers are free
-        ad_tile_next(p, rw, k_sh0, v_sh0, kbase, vbase, t0, c_end, two);
+        __syncwarp(); // the warp's rows of this tile's buffers and its f16 V rows are free
+        if (!two && next) {
+            ad_tc_stage(p, rw, k_sh0, v_sh0, kbase, vbase, t0 + AD_TC, c_end, warp, lane);
+            ad_commit();
+        }
     }
 
     ggml_cuda_pdl_lc();
