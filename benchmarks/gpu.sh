@@ -36,12 +36,12 @@
 #                    bandwidth = the step time the depth adds over the K/V bytes read (benchmarks/decode_bandwidth.py,
 #                    against PEAK_TBS, 3.35 for an H100). A build with CUDA_FA=OFF runs ours with -fa off (the
 #                    prompt through the split non-FA attention; the decode is the same) and leaves flash attention out
-#   decode-ab        two versions of the fused decode attention side by side in one call: this checkout's (the carried
-#                    tree, as built) and the CUDA sources `carry --ab REV` stored, swapped into the tree and rebuilt in
-#                    the same build folder (only they recompile: ~2 min a swap), in turn (old, new; AB_ROUNDS 1):
-#                    tg64 of the MiMo shape (q8_0/q4_1, prefill mode, or -fa off where CUDA_FA=OFF; DEPTHS_MIMO) and
-#                    of the 8B shape (q4_0/q4_0, DEPTHS_8B; SHAPES "mimo llama8b"), then the effective bandwidth of
-#                    each; the tree and the build are left with this checkout's sources
+#   decode-ab        versions of the fused decode attention side by side in one call: this checkout's (the carried
+#                    tree, as built) and the CUDA sources `carry --ab REV [--ab REV2 ...]` stored, swapped into the
+#                    tree and rebuilt in the same build folder (only they recompile: ~2 min a swap), in turn (old,
+#                    old-2, ..., new; AB_ROUNDS 1): tg64 of the MiMo shape (q8_0/q4_1, prefill mode, or -fa off where
+#                    CUDA_FA=OFF; DEPTHS_MIMO) and of the 8B shape (q4_0/q4_0, DEPTHS_8B; SHAPES "mimo llama8b"), then
+#                    the effective bandwidth of each; the tree and the build are left with this checkout's sources
 #   decode-kernels   the GPU time of a decoded token kernel by kernel (ncu, benchmarks/kernel_times.py) on the MiMo
 #                    shape at DEPTH (1024): ours, flash attention on the same types and on f16
 #   attention-choice -fa auto by measurement (llama_vq.tune_attn) on the MiMo shape, q8_0/q4_1, with NVIDIA's and
@@ -286,21 +286,27 @@ decode-bandwidth)
     ;;
 decode-ab)
     need_build
-    ab=$C/ab
-    [ -f "$ab/REV" ] || { log "no $ab (bash benchmarks/gpu.sh carry --ab REV, here)"; exit 1; }
+    [ -f "$C/ab/REV" ] || { log "no $C/ab (bash benchmarks/gpu.sh carry --ab REV, here)"; exit 1; }
     cuda=$C/llama.cpp/ggml/src/ggml-cuda
-    files=$(cd "$ab" && ls -- *.cu *.cuh 2>/dev/null)
+    # the versions: old (ab: the first --ab REV), old-2 (ab-2), ..., then new (this checkout)
+    sides=old; for d in "$C"/ab-*; do [ -f "$d/REV" ] && sides="$sides old-${d##*/ab-}"; done; sides="$sides new"
+    side_dir() { case "$1" in old) echo "$C/ab" ;; old-*) echo "$C/ab-${1#old-}" ;; *) echo "$B/ab-new" ;; esac; }
+    files=$(for sd in $sides; do [ "$sd" = new ] || (cd "$(side_dir "$sd")" && ls -- *.cu *.cuh 2>/dev/null); done \
+        | sort -u)
     # this checkout's sources, kept aside (each call brings them anew with the carry)
     mkdir -p "$B/ab-new"
-    for f in $files; do cmp -s "$cuda/$f" "$ab/$f" || cp "$cuda/$f" "$B/ab-new/$f"; done
-    # use SIDE: the tree's CUDA sources as SIDE (new: this checkout's, old: REV's; a file is copied only where it
-    # differs) and the build brought up to date, always (ninja does nothing where it is); a failed build puts this
-    # checkout's sources back and leaves the build to `rebuild`
+    for f in $files; do cp "$cuda/$f" "$B/ab-new/$f"; done
+    # use SIDE: the tree's CUDA sources as SIDE (a version's file where it stored one, else this checkout's; a file is
+    # copied only where it differs) and the build brought up to date, always (ninja does nothing where it is); a
+    # failed build puts this checkout's sources back and leaves the build to `rebuild`
     use() {
-        local from="$B/ab-new" f
-        [ "$1" = old ] && from=$ab
-        for f in $files; do cmp -s "$from/$f" "$cuda/$f" || cp "$from/$f" "$cuda/$f"; done
-        log "building $1 ($([ "$1" = old ] && tr -d '\n' < "$ab/REV" || echo this checkout)): $(echo $files)"
+        local from f src
+        from=$(side_dir "$1")
+        for f in $files; do
+            src=$from/$f; [ -f "$src" ] || src=$B/ab-new/$f
+            cmp -s "$src" "$cuda/$f" || cp "$src" "$cuda/$f"
+        done
+        log "building $1 ($([ "$1" = new ] && echo this checkout || tr -d '\n' < "$from/REV")): $(echo $files)"
         if ! cmake --build "$B" -j "$(nproc)" --target ggml-cuda llama-bench > "$B-ab.log" 2>&1; then
             log "build of $1 failed"; tail -20 "$B-ab.log"
             for f in $files; do cp "$B/ab-new/$f" "$cuda/$f"; done
@@ -314,7 +320,7 @@ decode-ab)
             -r "${REPS:-2}" -o jsonl 2>/dev/null | tg_rows "$OUT/ab.jsonl" "$3" "$1" "tg64 $3 $5/$6 $1 (round $2)"
     }
     for round in $(seq "${AB_ROUNDS:-1}"); do
-        for sd in old new; do
+        for sd in $sides; do
             use "$sd"
             for shape in ${SHAPES:-mimo llama8b}; do
                 case "$shape" in

@@ -15,7 +15,8 @@ DEST/py.tar.xz     --python: a relocatable Python for llama-vq-server (~25 MB): 
                    libpython when shared, the standard library without tests/IDLE/Tk) and the server's run-time
                    packages from this interpreter's site-packages. Run it with the .venv's Python so the ABI matches.
 DEST/ab            --ab REV: our CUDA sources (native/ggml/ggml-cuda) as they were at the git revision REV, those
-                   that differ from the checkout's only, and REV's name in DEST/ab/REV, for gpu.sh's decode-ab
+                   that differ from the checkout's only, and REV's name in DEST/ab/REV, for gpu.sh's decode-ab;
+                   a second --ab REV2 goes to DEST/ab-2, a third to DEST/ab-3 (decode-ab measures each in turn)
                    (the two versions' decode side by side in one call; the rest of the tree must be the same)
 DEST/wheelhouse    --wheels: binary wheels, for CPython of --python-version on manylinux x86-64, of
                    scripts/wheels.sh's build tools and llama-vq's run-time dependencies, numpy excepted (the GPU
@@ -213,8 +214,8 @@ def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout
 
 
-def ab_sources(dest: Path, rev: str) -> list[str]:
-    """DEST/ab: the files of native/ggml/ggml-cuda at rev that differ from the checkout's (gpu.sh decode-ab swaps
+def ab_sources(dest: Path, rev: str, folder: str = "ab") -> list[str]:
+    """DEST/folder (ab): the files of native/ggml/ggml-cuda at rev that differ from the checkout's (gpu.sh decode-ab swaps
     them into the carried tree). Refuses where anything else that ggml's build compiles differs: the patches, our
     other ggml sources or CMake files, since swapping the CUDA files alone would then build neither version."""
     name = git("rev-parse", "--short", rev).strip()
@@ -230,7 +231,7 @@ def ab_sources(dest: Path, rev: str) -> list[str]:
     if odd:
         raise SystemExit(f"gpu_carry.py: --ab {rev}: files added or removed since: {odd}")
     at_rev &= now
-    ab = dest / "ab"
+    ab = dest / folder
     if ab.exists():
         shutil.rmtree(ab)
     ab.mkdir()
@@ -253,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", action="store_true", help="also DEST/py.tar.xz, the server's Python")
     ap.add_argument("--wheels", action="store_true", help="also DEST/wheelhouse, for the wheels-* measurements")
     ap.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for --wheels (default 3.12)")
-    ap.add_argument("--ab", metavar="REV", help="also DEST/ab: our CUDA sources at git revision REV (gpu.sh decode-ab)")
+    ap.add_argument("--ab", metavar="REV", action="append", default=[],
+                    help="also DEST/ab: our CUDA sources at git revision REV (gpu.sh decode-ab); again: DEST/ab-2, ...")
     a = ap.parse_args(argv)
     dest = a.dest.resolve()
     dest.mkdir(parents=True, exist_ok=True)
@@ -263,7 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.wheels:
         wheelhouse(dest / "wheelhouse", a.python_version)
     if a.ab:
-        print(f"{dest / 'ab'}: {', '.join(ab_sources(dest, a.ab))} as at {a.ab}")
+        for old in [dest / "ab", *dest.glob("ab-*")]:  # an earlier carry's versions are not measured again
+            if old.is_dir():
+                shutil.rmtree(old)
+        for i, rev in enumerate(a.ab):
+            folder = "ab" if i == 0 else f"ab-{i + 1}"
+            print(f"{dest / folder}: {', '.join(ab_sources(dest, rev, folder))} as at {rev}")
     size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
     print(f"{dest}: {size / 2**20:.1f} MiB")
     return 0

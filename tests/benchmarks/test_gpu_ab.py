@@ -55,6 +55,15 @@ def test_ab_stores_the_changed_sources_at_the_revision(repo, tmp_path):
     assert (dest / "ab" / "REV").read_text().strip() == _git(repo, "rev-parse", "--short", "old").strip()
 
 
+def test_a_second_revision_goes_to_its_own_folder(repo, tmp_path):
+    (repo / CUDA / "a.cu").write_text("new a\n")
+    dest = tmp_path / "carry"
+    dest.mkdir()
+    assert gpu_carry.ab_sources(dest, "old", "ab-2") == ["a.cu"]
+    assert (dest / "ab-2" / "a.cu").read_text() == "old a\n"
+    assert not (dest / "ab").exists()
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -71,12 +80,15 @@ def test_ab_refuses_what_a_swap_of_the_cuda_sources_cannot_build(repo, tmp_path,
         gpu_carry.ab_sources(dest, "old")
 
 
-def _stand_ins(tmp_path: Path, build_fails: bool) -> tuple[Path, Path]:
+def _stand_ins(tmp_path: Path, build_fails: bool, record: bool = False) -> tuple[Path, Path]:
     """A tools folder for PATH (cmake, nvidia-smi) and a build folder with a llama-bench writing llama-bench's jsonl
-    rows (tok/s falling with the depth)."""
+    rows (tok/s falling with the depth); record: cmake's stand-in appends the tree's two CUDA sources, as each build
+    found them, to built.txt."""
     tools = tmp_path / "tools"
     tools.mkdir()
-    (tools / "cmake").write_text(f"#!/bin/sh\nexit {1 if build_fails else 0}\n")
+    cuda = tmp_path / "carry" / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
+    log = f"cat {cuda}/attn-decode-fused.cu {cuda}/attn-decode-tc.cuh | tr '\\n' ' ' >> {tmp_path}/built.txt; echo >> {tmp_path}/built.txt\n"
+    (tools / "cmake").write_text("#!/bin/sh\n" + (log if record else "") + f"exit {1 if build_fails else 0}\n")
     (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'stand-in GPU'\n")
     build = tmp_path / "build"
     (build / "bin").mkdir(parents=True)
@@ -96,20 +108,26 @@ def _stand_ins(tmp_path: Path, build_fails: bool) -> tuple[Path, Path]:
     return tools, build
 
 
-def _carry(tmp_path: Path) -> Path:
-    """A carry with a tree holding this checkout's version of one CUDA source and REV's in ab/."""
+def _carry(tmp_path: Path, second: bool = False) -> Path:
+    """A carry with a tree holding this checkout's version of one CUDA source and REV's in ab/; second: also a second
+    revision's in ab-2/, which differs from the checkout in another file."""
     c = tmp_path / "carry"
     cuda = c / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
     cuda.mkdir(parents=True)
     (cuda / "attn-decode-fused.cu").write_text("new\n")
+    (cuda / "attn-decode-tc.cuh").write_text("new tc\n")
     (c / "ab").mkdir()
     (c / "ab" / "attn-decode-fused.cu").write_text("old\n")
     (c / "ab" / "REV").write_text("abc1234\n")
+    if second:
+        (c / "ab-2").mkdir()
+        (c / "ab-2" / "attn-decode-tc.cuh").write_text("old-2 tc\n")
+        (c / "ab-2" / "REV").write_text("def5678\n")
     return c
 
 
-def _decode_ab(tmp_path: Path, build_fails: bool) -> subprocess.CompletedProcess:
-    tools, build = _stand_ins(tmp_path, build_fails)
+def _decode_ab(tmp_path: Path, build_fails: bool, second: bool = False) -> subprocess.CompletedProcess:
+    tools, build = _stand_ins(tmp_path, build_fails, record=True)
     models = tmp_path / "models"
     models.mkdir()
     for m in ("mimo", "llama8b"):
@@ -117,7 +135,7 @@ def _decode_ab(tmp_path: Path, build_fails: bool) -> subprocess.CompletedProcess
     env = dict(
         os.environ,
         PATH=f"{tools}:{os.environ['PATH']}",
-        CARRY=str(_carry(tmp_path)),
+        CARRY=str(_carry(tmp_path, second)),
         BUILD=str(build),
         MODEL_DIR=str(models),
         OUT=str(tmp_path / "out"),
@@ -150,3 +168,20 @@ def test_decode_ab_puts_this_checkouts_sources_back_when_a_build_fails(tmp_path)
     cuda = tmp_path / "carry" / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
     assert (cuda / "attn-decode-fused.cu").read_text() == "new\n"
     assert not (tmp_path / "build" / ".done").exists(), "the build folder is left for `gpu.sh rebuild`"
+
+
+def test_decode_ab_measures_a_second_revision_between_the_first_and_this_checkout(tmp_path):
+    r = _decode_ab(tmp_path, build_fails=False, second=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(x) for x in (tmp_path / "out" / "ab.jsonl").read_text().splitlines()]
+    assert [x["config"] for x in rows if x["model"] == "mimo" and x["n_depth"] == 0] == ["old", "old-2", "new"]
+    assert "building old-2 (def5678)" in r.stdout
+    # each version built with its own files, the checkout's where it stored none
+    assert (tmp_path / "built.txt").read_text().splitlines() == [
+        "old new tc ",
+        "new old-2 tc ",
+        "new new tc ",
+    ]
+    cuda = tmp_path / "carry" / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
+    assert (cuda / "attn-decode-fused.cu").read_text() == "new\n"
+    assert (cuda / "attn-decode-tc.cuh").read_text() == "new tc\n"
