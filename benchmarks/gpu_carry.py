@@ -215,8 +215,8 @@ def git(*args: str) -> str:
 
 
 def ab_sources(dest: Path, rev: str, folder: str = "ab") -> list[str]:
-    """DEST/folder (ab): the files of native/ggml/ggml-cuda at rev that differ from the checkout's (gpu.sh decode-ab swaps
-    them into the carried tree). Refuses where anything else that ggml's build compiles differs: the patches, our
+    """DEST/folder (ab): the files of native/ggml/ggml-cuda at rev that differ from the checkout's (gpu.sh decode-ab
+    swaps them into the carried tree). Refuses where anything else that ggml's build compiles differs: the patches, our
     other ggml sources or CMake files, since swapping the CUDA files alone would then build neither version."""
     name = git("rev-parse", "--short", rev).strip()
     other = git("diff", "--name-only", rev, "--", "patches", "native/ggml", "CMakeLists.txt", "cmake").split()

@@ -87,7 +87,8 @@ def _stand_ins(tmp_path: Path, build_fails: bool, record: bool = False) -> tuple
     tools = tmp_path / "tools"
     tools.mkdir()
     cuda = tmp_path / "carry" / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
-    log = f"cat {cuda}/attn-decode-fused.cu {cuda}/attn-decode-tc.cuh | tr '\\n' ' ' >> {tmp_path}/built.txt; echo >> {tmp_path}/built.txt\n"
+    built = tmp_path / "built.txt"
+    log = f"cat {cuda}/attn-decode-fused.cu {cuda}/attn-decode-tc.cuh | tr '\\n' ' ' >> {built}; echo >> {built}\n"
     (tools / "cmake").write_text("#!/bin/sh\n" + (log if record else "") + f"exit {1 if build_fails else 0}\n")
     (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'stand-in GPU'\n")
     build = tmp_path / "build"
