@@ -162,6 +162,10 @@ static bool run_case(const attn_case & c0, int seed) {
     }
     c.nbuf = 1;
 #endif
+    if (c.tc && c.nbuf != 2) { // k_attn_decode_tc has two tile buffers only (attn_decode_tc_nbuf)
+        fprintf(stderr, "a case of k_attn_decode_tc with %d tile buffer(s)\n", c.nbuf);
+        abort();
+    }
     std::mt19937 g(seed);
     const int kv_size = c.n_kv + 3;
     const size_t rk = block_bytes(c.tk)*(c.dk/32), rv = block_bytes(c.tv)*(c.dv/32);
@@ -396,7 +400,7 @@ int main() {
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,  90, 1, 1, true,  false, 128,   1, 2, true, 128, true}, // one split, 2 tiles
         // both products on tensor cores (k_attn_decode_tc): tiles of 16 columns, every K and V type, d 64/128/192
         {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 900, 1, 1, true,  false,   0,  16, 2, false,  0, false, true}, // MiMo full
-        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4, 900, 1, 1, true,  false,   0,  16, 1, false,  0, false, true}, // one buffer
+        {GGML_TYPE_Q8_0, GGML_TYPE_Q4_1, 192, 128, 64, 4,  97, 1, 1, true,  false,   0,  16, 2, false,  0, false, true}, // warps of 16/16/1/0 cells
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8,   1, 1, 1, false, false,   0, 132, 2, false,  0, false, true}, // 8B, 4 columns
         {GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, 128, 128, 32, 8, 127, 2, 1, true,  false,   0, 132, 2, false,  0, false, true},
         {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, 128, 128, 32, 8, 600, 8, 1, false, false,   0,  16, 2, false,  0, false, true}, // 32 columns: 2 tiles

@@ -795,7 +795,7 @@ static bool attn_decode_vmma(const int ncols, const int dk, const int dv, const 
 }
 
 // both products on tensor cores (k_attn_decode_tc): NVIDIA with mma.sync for the device (sm_80+), a d_k / d_v pair
-// it is compiled for, and its shared memory (two tile buffers where cp.async is there) within the device's. By
+// it is compiled for, cp.async, and its shared memory (two tile buffers) within the device's. By
 // default only where it measured faster (H100, benchmarks/RESULTS.md "Decode attention's two forms"): more than 8
 // query columns in one tile of 16 (GQA 16 at one token: MiMo's full-attention layers) and at least 8192 cells; fewer
 // columns leave the m-tile mostly empty and short caches pay its higher fixed cost. LLAMA_VQ_CUDA_FUSED_ATTN_TC=0:
@@ -816,10 +816,9 @@ static int attn_decode_tc_nbuf(const int dk, const int dv, const int rbk, const 
     if (mode < 0 && (ncols <= 8 || ncols > AD_TC_COLS || n_kv < 8192)) {
         return 0;
     }
-    if (cp_async_available(di.cc) && attn_decode_tc_smem(dk, dv, rbk, rbv, 2) <= di.smpbo) {
-        return 2;
-    }
-    return attn_decode_tc_smem(dk, dv, rbk, rbv, 1) <= di.smpbo ? 1 : 0;
+    // two tile buffers always (k_attn_decode_tc has no code for one): cp.async comes with mma.sync (sm_80+), and the
+    // MiMo shape's 62 KB fit every such device's shared memory
+    return cp_async_available(di.cc) && attn_decode_tc_smem(dk, dv, rbk, rbv, 2) <= di.smpbo ? 2 : 0;
 #endif // GGML_USE_HIP
 }
 

@@ -148,7 +148,7 @@ static size_t attn_decode_tc_smem(const int dk, const int dv, const int rbk, con
 // of the block's 16 (rows of the fragments), its cells 2t, 2t+1 (+8) of the warp's 16 in a tile.
 template <ggml_type type_k, ggml_type type_v, int DK, int DV>
 static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_decode_params p) {
-#ifndef AD_VMMA_CODE
+#if !defined(AD_VMMA_CODE) || AD_NBUF_MAX != 2 // mma.sync and cp.async (two tile buffers, attn_decode_tc_nbuf)
     GGML_UNUSED(p);
     NO_DEVICE_CODE;
 #else
@@ -243,26 +243,20 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     // columns +0 (i < 2) or +8 (i >= 2) of a pair of n-tiles
     const half * vrow = vw + ((lane % 8) + 8*((lane / 8) % 2))*VWS + 8*(lane / 16);
 
-    const bool two = AD_NBUF_MAX == 2 && p.nbuf == 2;
-    const int  wc0 = 16*warp; // the warp's first cell in a tile
+    const int wc0 = 16*warp; // the warp's first cell in a tile
     for (int t0 = c_begin, it = 0; t0 < c_end; t0 += AD_TC, ++it) {
         const int  tn   = min(AD_TC, c_end - t0);
         const bool next = t0 + AD_TC < c_end;
-        // the warp's rows of this tile: with two buffers its next cells' copies issued into the other buffer (its
-        // lanes' last reads of it came before the __syncwarp that closed the previous tile) and this tile's awaited,
-        // an empty group on the last tile keeping the count; with one, this tile's awaited
-        int buf = 0;
-        if (two) {
-            buf = it & 1;
-            if (next) {
-                ad_tc_stage(p, rw, k_sh0 + (buf ^ 1)*kbuf, v_sh0 + (buf ^ 1)*vbuf, kbase, vbase, t0 + AD_TC, c_end,
-                    warp, lane);
-            }
-            ad_commit();
-            ad_wait_all_but_newest();
-        } else {
-            ad_wait_all();
+        // the warp's rows of this tile: its next cells' copies issued into the other buffer (its lanes' last reads of
+        // it came before the __syncwarp that closed the previous tile) and this tile's awaited, an empty group on the
+        // last tile keeping the count
+        const int buf = it & 1;
+        if (next) {
+            ad_tc_stage(p, rw, k_sh0 + (buf ^ 1)*kbuf, v_sh0 + (buf ^ 1)*vbuf, kbase, vbase, t0 + AD_TC, c_end, warp,
+                lane);
         }
+        ad_commit();
+        ad_wait_all_but_newest();
         const char * k_sh = k_sh0 + buf*kbuf + rw.koff;
         const char * v_sh = v_sh0 + buf*vbuf + rw.voff;
         __syncwarp(); // every lane's copies of the warp's rows have landed
@@ -368,10 +362,6 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
             }
         }
         __syncwarp(); // the warp's rows of this tile's buffers and its f16 V rows are free
-        if (!two && next) {
-            ad_tc_stage(p, rw, k_sh0, v_sh0, kbase, vbase, t0 + AD_TC, c_end, warp, lane);
-            ad_commit();
-        }
     }
 
     ggml_cuda_pdl_lc();
@@ -436,5 +426,5 @@ static __global__ void __launch_bounds__(AD_NT, 3) k_attn_decode_tc(const attn_d
     if (p.fold) {
         ad_fold_combine(p, q_sh, col0, nc, h, s, tile); // q_sh and o_sh: attn_decode_fold_floats
     }
-#endif // AD_VMMA_CODE
+#endif // !defined(AD_VMMA_CODE) || AD_NBUF_MAX != 2
 }
