@@ -15,8 +15,9 @@ unpacked there.
 
 Prints one line per kernel whose demangled name matches --kernels (default: our kernels' prefixes): registers,
 spilled bytes (stores/loads) and stack frame. --sass adds, per kernel, its SASS (cuobjdump and nvdisasm, from the same
-wheels) read statically: the main loop (the outermost loop holding every tensor-core instruction, else the largest
-loop), its instructions by class, and the loops inside it (the tiles' staging) with their sizes; instructions that
+wheels) read statically: the main loop (the innermost loop holding every tensor-core instruction, else the largest
+loop; cold code that ptxas places after the kernel's exit and that branches back into it reads as a larger loop
+around it), its instructions by class, and the loops inside it (the tiles' staging) with their sizes; instructions that
 can never run (predicate !PT) are not counted. A static count: each instruction once, whatever the trip counts and
 branches; it compares two versions of a kernel, it does not time one. Exit status 1 if a file does not compile.
 """
@@ -196,7 +197,7 @@ def sass_summary(ins: list[tuple[int, str]]) -> str:
     mma = [a for a, t in ins if opcode(t) in MMA]
     if mma:
         cands = [lp for lp in loops if lp[0] <= min(mma) and max(mma) <= lp[1]]
-        main = max(cands, key=lambda lp: lp[1] - lp[0]) if cands else None
+        main = min(cands, key=lambda lp: lp[1] - lp[0]) if cands else None
     else:
         main = max(loops, key=lambda lp: lp[1] - lp[0]) if loops else None
     if main is None:
