@@ -18,6 +18,12 @@
 #                    kernels (CUDA_FA=ON, the default; OFF builds faster and suits measurements without flash
 #                    attention), and generates the synthetic models (MODELS) in /tmp/models, both in the background;
 #                    waits up to WAIT s (540): call it again until it says "built"
+#   first-call       the most one call on a fresh machine shows of the fused decode attention, for sessions whose
+#                    machines are few: `build` in the foreground (CUDA_FA OFF unless set, the few targets it needs,
+#                    the MiMo model; WAIT 330), ATTN_DECODE_FUSED's op tests on CUDA0 with the tensor-core form
+#                    everywhere and the forms counted, then `decode-ab` on the MiMo shape at DEPTHS_MIMO (0,65536)
+#                    where `carry --ab` stored a version, else tg64 of this checkout's. Whatever the call's limit cuts
+#                    off, what ran is in OUT
 #   rebuild          brings a warm machine's build up to date after a change (TARGETS: ggml-cuda llama-bench
 #                    test-backend-ops)
 #   op-tests         test-backend-ops on CUDA0 against the CPU: our attention ops (ATTN_SPLIT, ATTN_DECODE_FUSED,
@@ -72,7 +78,7 @@
 # Env: CARRY (.gpu-carry), BUILD (/tmp/gpu-build), MODEL_DIR (/tmp/models), REPS (2), WHEEL_PY (python3).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|rebuild|op-tests|attention-modes|decode-bandwidth|decode-ab|decode-kernels|attention-choice|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
+measurement=${1:?"usage: bash benchmarks/gpu.sh carry|build|first-call|rebuild|op-tests|attention-modes|decode-bandwidth|decode-ab|decode-kernels|attention-choice|split-vs-unbounded|fidelity|cache-types|serving|cpu-experts|two-gpu|wheels-build|wheels-install|wheels-attention-modes"}
 shift
 C=${CARRY:-$here/.gpu-carry}
 if [ "$measurement" = carry ]; then
@@ -205,6 +211,24 @@ build)
     done
     if built; then log "built"; else log "still building ($(grep -c '^\[' "$B.log") steps logged): call build again"; fi
     tail -2 "$B.log"; ls "$M"
+    ;;
+first-call)
+    CUDA_FA=${CUDA_FA:-OFF} WAIT=${WAIT:-330} MODELS=${MODELS:-mimo} \
+        TARGETS=${TARGETS:-ggml ggml-base ggml-cpu ggml-cuda llama llama-bench test-backend-ops} bash "$0" build
+    need_build
+    LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_TC=1 LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 90 "$bin/test-backend-ops" \
+        test -b CUDA0 -o ATTN_DECODE_FUSED -p "n_kv=(${TEST_CELLS:-1|127|256|4096})," > "$OUT/tbo-decode.log" 2>&1
+    log "ATTN_DECODE_FUSED: rc $? $(grep -E 'tests passed|attention fusions run' "$OUT/tbo-decode.log" | tr '\n' ' ')"
+    if [ -f "$C/ab/REV" ]; then
+        SHAPES=${SHAPES:-mimo} DEPTHS_MIMO=${DEPTHS_MIMO:-0,65536} bash "$0" decode-ab
+    else
+        model mimo
+        "$bin/llama-bench" -m "$M/synth-mimo.gguf" -ngl 99 -fa "$(ours_fa)" -ctk q8_0 -ctv q4_1 -p 0 -n 64 \
+            -d "${DEPTHS_MIMO:-0,65536}" -r "${REPS:-2}" -o jsonl 2>/dev/null \
+            | tg_rows "$OUT/tg.jsonl" mimo "this checkout" "tg64 mimo q8_0/q4_1"
+        python3 "$here/benchmarks/decode_bandwidth.py" "$OUT/tg.jsonl" --peak-tbs "${PEAK_TBS:-3.35}" \
+            | tee -a "$OUT/$measurement.txt"
+    fi
     ;;
 rebuild)
     # the carry's files are all new to the build, so this recompiles what they feed (minutes for ggml-cuda)

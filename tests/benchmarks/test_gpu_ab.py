@@ -186,3 +186,40 @@ def test_decode_ab_measures_a_second_revision_between_the_first_and_this_checkou
     cuda = tmp_path / "carry" / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
     assert (cuda / "attn-decode-fused.cu").read_text() == "new\n"
     assert (cuda / "attn-decode-tc.cuh").read_text() == "new tc\n"
+
+
+def test_first_call_runs_the_op_tests_then_the_ab_on_the_mimo_shape(tmp_path):
+    """`gpu.sh first-call` on a machine whose build is there (its `build` then only says so): the op tests of the
+    fused decode attention with the tensor-core form forced, then decode-ab on the MiMo shape alone at 0/64K."""
+    tools, build = _stand_ins(tmp_path, build_fails=False)
+    tbo = build / "bin" / "test-backend-ops"
+    tbo.write_text(
+        "#!/bin/sh\necho \"TC=$LLAMA_VQ_CUDA_FUSED_ATTN_TC $*\"\necho '12/12 tests passed'\n"
+        "echo 'attention fusions run: 12 (tc=12)'\n"
+    )
+    tbo.chmod(0o755)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "synth-mimo.gguf").touch()
+    env = dict(
+        os.environ,
+        PATH=f"{tools}:{os.environ['PATH']}",
+        CARRY=str(_carry(tmp_path)),
+        BUILD=str(build),
+        MODEL_DIR=str(models),
+        OUT=str(tmp_path / "out"),
+    )
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "first-call"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ATTN_DECODE_FUSED: rc 0 12/12 tests passed attention fusions run: 12 (tc=12)" in r.stdout
+    assert "TC=1 test -b CUDA0 -o ATTN_DECODE_FUSED" in (tmp_path / "out" / "tbo-decode.log").read_text()
+    rows = [json.loads(x) for x in (tmp_path / "out" / "ab.jsonl").read_text().splitlines()]
+    assert [(x["config"], x["model"], x["n_depth"]) for x in rows] == [
+        (side, "mimo", d) for side in ("old", "new") for d in (0, 65536)
+    ]
