@@ -176,6 +176,15 @@ for l in sys.stdin:
         | tee -a "$OUT/$measurement.txt"
 }
 
+# decode_op_tests TIMEOUT [VAR=VALUE...]: ATTN_DECODE_FUSED's op tests on CUDA0 with every chain fused and the forms
+# counted (n_kv TEST_CELLS), into OUT/tbo-decode.log, and their summary into the log
+decode_op_tests() {
+    local limit=$1; shift
+    env LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSION_STATS=1 "$@" timeout "$limit" "$bin/test-backend-ops" test \
+        -b CUDA0 -o ATTN_DECODE_FUSED -p "n_kv=(${TEST_CELLS:-1|127|256|4096})," > "$OUT/tbo-decode.log" 2>&1
+    log "ATTN_DECODE_FUSED: rc $? $(grep -E 'tests passed|attention fusions run' "$OUT/tbo-decode.log" | tr '\n' ' ')"
+}
+
 # attn_modes MODEL LABEL ARG...: benchmarks/attn_modes.py on this build's tools, its lines into the log
 attn_modes() {
     local model=$1 label=$2; shift 2
@@ -216,9 +225,7 @@ first-call)
     CUDA_FA=${CUDA_FA:-OFF} WAIT=${WAIT:-330} MODELS=${MODELS:-mimo} \
         TARGETS=${TARGETS:-ggml ggml-base ggml-cpu ggml-cuda llama llama-bench test-backend-ops} bash "$0" build
     need_build
-    LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSED_ATTN_TC=1 LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 90 "$bin/test-backend-ops" \
-        test -b CUDA0 -o ATTN_DECODE_FUSED -p "n_kv=(${TEST_CELLS:-1|127|256|4096})," > "$OUT/tbo-decode.log" 2>&1
-    log "ATTN_DECODE_FUSED: rc $? $(grep -E 'tests passed|attention fusions run' "$OUT/tbo-decode.log" | tr '\n' ' ')"
+    decode_op_tests 90 LLAMA_VQ_CUDA_FUSED_ATTN_TC=1
     if [ -f "$C/ab/REV" ]; then
         SHAPES=${SHAPES:-mimo} DEPTHS_MIMO=${DEPTHS_MIMO:-0,65536} bash "$0" decode-ab
     else
@@ -274,9 +281,7 @@ attention-modes)
     ;;
 decode-bandwidth)
     need_build
-    LLAMA_VQ_CUDA_FUSED_ATTN=1 LLAMA_VQ_CUDA_FUSION_STATS=1 timeout 300 "$bin/test-backend-ops" test -b CUDA0 \
-        -o ATTN_DECODE_FUSED -p "n_kv=(${TEST_CELLS:-1|127|256|4096})," > "$OUT/tbo-decode.log" 2>&1
-    log "ATTN_DECODE_FUSED: rc $? $(grep -E 'tests passed|attention fusions run' "$OUT/tbo-decode.log" | tr '\n' ' ')"
+    decode_op_tests 300
     tg() { # SHAPE DEPTHS FA CTK CTV TC
         model "$1"
         local tcenv=(LLAMA_VQ_CUDA_FUSED_ATTN_TC="$6"); [ "$6" = default ] && tcenv=()

@@ -17,7 +17,7 @@ DEST/py.tar.xz     --python: a relocatable Python for llama-vq-server (~25 MB): 
 DEST/ab            --ab REV: our CUDA sources (native/ggml/ggml-cuda) as they were at the git revision REV, those
                    that differ from the checkout's only, and REV's name in DEST/ab/REV, for gpu.sh's decode-ab;
                    a second --ab REV2 goes to DEST/ab-2, a third to DEST/ab-3 (decode-ab measures each in turn)
-                   (the two versions' decode side by side in one call; the rest of the tree must be the same)
+                   (the versions' decode side by side in one call; the rest of the tree must be the same)
 DEST/wheelhouse    --wheels: binary wheels, for CPython of --python-version on manylinux x86-64, of
                    scripts/wheels.sh's build tools and llama-vq's run-time dependencies, numpy excepted (the GPU
                    machine's Python has it; ~15 MB), for gpu.sh's wheels-* measurements

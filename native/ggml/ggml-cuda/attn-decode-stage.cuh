@@ -176,14 +176,15 @@ static __device__ __forceinline__ void ad_commit() {
 #endif // CP_ASYNC_AVAILABLE
 }
 
-// wait until all of this thread's copies have landed (a __syncthreads must follow)
+// wait until all of this thread's copies have landed (a barrier of the threads that read them must follow)
 static __device__ __forceinline__ void ad_wait_all() {
 #ifdef CP_ASYNC_AVAILABLE
     ad_cp_wait_all();
 #endif // CP_ASYNC_AVAILABLE
 }
 
-// wait until at most the newest group of this thread's copies is pending (a __syncthreads must follow)
+// wait until at most the newest group of this thread's copies is pending (a barrier of the threads that read
+// them must follow: the block's, or in k_attn_decode_tc the warp's)
 static __device__ __forceinline__ void ad_wait_all_but_newest() {
 #ifdef CP_ASYNC_AVAILABLE
     ad_cp_wait<1>();
