@@ -53,7 +53,8 @@ struct ad_stage_geo {
 
 // the walk of nt threads over rows of `bytes` bytes (a multiple of unit) in units of `unit`, nb bytes apart in global
 // memory and rs in shared memory
-static ad_stage_geo attn_decode_stage_geo(const int bytes, const int unit, const int64_t nb, const int rs, const int nt) {
+static ad_stage_geo attn_decode_stage_geo(const int bytes, const int unit, const int64_t nb, const int rs,
+        const int nt) {
     ad_stage_geo g;
     g.unit = unit;
     g.rs   = rs;
